@@ -1,0 +1,173 @@
+//! The CPU backend: every stage in f32, parallel over chunks or (sequence, head) with rayon.
+//! Each task's arithmetic is fixed by the problem alone, so results are bitwise identical for any
+//! thread count.
+
+mod chunk_output;
+mod chunk_state;
+mod cumsum;
+mod gate;
+mod kkt;
+mod l2norm;
+mod recurrent;
+mod solve_tril;
+mod wy;
+
+pub use chunk_output::chunk_output;
+pub use chunk_state::chunk_state;
+pub use cumsum::chunk_local_cumsum;
+pub use gate::gate;
+pub use kkt::chunk_scaled_dot_kkt;
+pub use l2norm::l2norm;
+pub use recurrent::recurrent;
+pub use solve_tril::solve_tril;
+pub use wy::recompute_w_u;
+
+use crate::backend::{Backend, ChunkStates, Gamma, Wy};
+use crate::error::Result;
+use crate::options::Options;
+use crate::problem::{Chunk, Problem};
+
+/// The CPU device. Buffers are `Vec<f32>`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cpu;
+
+impl Backend for Cpu {
+    type Buf = Vec<f32>;
+
+    fn l2norm(&self, x: &Vec<f32>, rows: usize, dim: usize) -> Result<Vec<f32>> {
+        l2norm(x, rows, dim)
+    }
+    fn gate(
+        &self,
+        p: &Problem,
+        opts: &Options,
+        g: &Vec<f32>,
+        beta: &Vec<f32>,
+        a_log: Option<&Vec<f32>>,
+        dt_bias: Option<&Vec<f32>>,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        gate(
+            p,
+            opts,
+            g,
+            beta,
+            a_log.map(|x| &x[..]),
+            dt_bias.map(|x| &x[..]),
+        )
+    }
+    fn chunk_local_cumsum(&self, p: &Problem, g: &Vec<f32>) -> Result<Gamma<Vec<f32>>> {
+        chunk_local_cumsum(p, g)
+    }
+    fn chunk_scaled_dot_kkt(
+        &self,
+        p: &Problem,
+        k: &Vec<f32>,
+        beta: &Vec<f32>,
+        gamma: &Gamma<Vec<f32>>,
+    ) -> Result<Vec<f32>> {
+        chunk_scaled_dot_kkt(p, k, beta, gamma)
+    }
+    fn solve_tril(&self, p: &Problem, a_strict: &Vec<f32>) -> Result<Vec<f32>> {
+        solve_tril(p, a_strict)
+    }
+    fn recompute_w_u(
+        &self,
+        p: &Problem,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        beta: &Vec<f32>,
+        gamma: &Gamma<Vec<f32>>,
+        a_inv: &Vec<f32>,
+    ) -> Result<Wy<Vec<f32>>> {
+        recompute_w_u(p, k, v, beta, gamma, a_inv)
+    }
+    fn chunk_state(
+        &self,
+        p: &Problem,
+        k: &Vec<f32>,
+        wy: &Wy<Vec<f32>>,
+        gamma: &Gamma<Vec<f32>>,
+        h0: Option<&Vec<f32>>,
+    ) -> Result<ChunkStates<Vec<f32>>> {
+        chunk_state(p, k, wy, gamma, h0.map(|x| &x[..]))
+    }
+    fn chunk_output(
+        &self,
+        p: &Problem,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v_new: &Vec<f32>,
+        h: &Vec<f32>,
+        gamma: &Gamma<Vec<f32>>,
+        scale: f32,
+    ) -> Result<Vec<f32>> {
+        chunk_output(p, q, k, v_new, h, gamma, scale)
+    }
+    fn recurrent(
+        &self,
+        p: &Problem,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        g: &Vec<f32>,
+        beta: &Vec<f32>,
+        state: &mut Vec<f32>,
+        v_first: bool,
+        scale: f32,
+    ) -> Result<Vec<f32>> {
+        recurrent(p, q, k, v, g, beta, state, v_first, scale)
+    }
+}
+
+/// Splits a `[tokens, per_token]` output into the disjoint, contiguous row blocks of each chunk,
+/// so chunks can be written in parallel without sharing.
+pub(crate) fn chunk_blocks<'a>(
+    p: &Problem,
+    out: &'a mut [f32],
+    per_token: usize,
+) -> Vec<(Chunk, &'a mut [f32])> {
+    let mut rest = out;
+    let mut blocks = Vec::with_capacity(p.chunks().len());
+    for c in p.chunks() {
+        // Chunks tile the tokens in order (sequences are contiguous), so each block starts
+        // where the previous one ended.
+        let (block, tail) = std::mem::take(&mut rest).split_at_mut(c.len * per_token);
+        blocks.push((*c, block));
+        rest = tail;
+    }
+    blocks
+}
+
+/// The decay from token j to token i of one chunk (j <= i): see [`Gamma`].
+#[inline]
+pub(crate) fn decay(gamma_i: f32, seg_i: f32, gamma_j: f32, seg_j: f32) -> f32 {
+    if seg_i == seg_j {
+        (gamma_i - gamma_j).exp()
+    } else {
+        0.0
+    }
+}
+
+/// The decay from the state entering a chunk to token i: see [`Gamma`].
+#[inline]
+pub(crate) fn decay0(gamma_i: f32, seg_i: f32) -> f32 {
+    if seg_i == 0.0 {
+        gamma_i.exp()
+    } else {
+        0.0
+    }
+}
+
+/// `sum a[i] b[i]`.
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `y += alpha x`.
+#[inline]
+pub(crate) fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += alpha * x;
+    }
+}

@@ -1,0 +1,337 @@
+//! The one place where shapes are validated. A [`Problem`] is built once from the inputs and the
+//! options; every stage takes it and trusts its dimensions, sequence table and chunk table.
+
+use crate::dtype::{DType, Tensor};
+use crate::error::{check_len, checked_numel, Error, Result};
+use crate::options::{HeadMap, Options};
+
+/// The forward's inputs, by FLA's names and layouts.
+#[derive(Clone, Debug)]
+pub struct Inputs<'a> {
+    /// Queries `[B, T, H, K]`.
+    pub q: Tensor<'a>,
+    /// Keys `[B, T, H, K]`.
+    pub k: Tensor<'a>,
+    /// Values `[B, T, HV, V]`.
+    pub v: Tensor<'a>,
+    /// Log-space decay `[B, T, HV]` (the raw gate input with `gate_in_kernel`).
+    pub g: Tensor<'a>,
+    /// Write strength `[B, T, HV]` (logits with `beta_is_logits`).
+    pub beta: Tensor<'a>,
+    /// State before each sequence, `[N, HV, K, V]` f32 (`[N, HV, V, K]` with `state_v_first`).
+    pub initial_state: Option<Tensor<'a>>,
+    /// Varlen offsets `[N + 1]`: sequence n is tokens `cu[n]..cu[n+1]`; needs B = 1.
+    pub cu_seqlens: Option<Vec<i64>>,
+    /// `[HV]`, for `gate_in_kernel`.
+    pub a_log: Option<Tensor<'a>>,
+    /// `[HV]`, for `gate_in_kernel`.
+    pub dt_bias: Option<Tensor<'a>>,
+}
+
+impl<'a> Inputs<'a> {
+    /// The five required tensors, with no initial state, varlen or gate parameters.
+    pub fn new(
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        g: Tensor<'a>,
+        beta: Tensor<'a>,
+    ) -> Self {
+        Inputs {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state: None,
+            cu_seqlens: None,
+            a_log: None,
+            dt_bias: None,
+        }
+    }
+}
+
+/// One chunk of the chunked forward: `len` tokens starting at flat token `start`, in sequence
+/// `seq`. Chunks never cross sequences, so the last chunk of a sequence may be short.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    /// The sequence this chunk belongs to.
+    pub seq: usize,
+    /// The first token, as an index into the flattened `B * T` tokens.
+    pub start: usize,
+    /// Tokens in the chunk, `1..=chunk_size`.
+    pub len: usize,
+}
+
+/// Validated dimensions, sequence table and chunk table of one forward call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Batch size B.
+    pub batch: usize,
+    /// Tokens per batch row T.
+    pub seq_len: usize,
+    /// q/k heads H.
+    pub heads: usize,
+    /// Value heads HV, a multiple of H.
+    pub v_heads: usize,
+    /// Key dimension K.
+    pub dk: usize,
+    /// Value dimension V.
+    pub dv: usize,
+    /// Tokens per chunk BT.
+    pub chunk_size: usize,
+    /// Value head to q/k head map.
+    pub head_map: HeadMap,
+    seqs: Vec<(usize, usize)>,
+    chunks: Vec<Chunk>,
+}
+
+fn dims_of(arg: &'static str, t: &Tensor<'_>, rank: usize) -> Result<Vec<usize>> {
+    if t.shape().len() != rank {
+        return Err(Error::invalid(
+            arg,
+            format!("rank {rank}"),
+            format!("rank {} (shape {:?})", t.shape().len(), t.shape()),
+        ));
+    }
+    Ok(t.shape().to_vec())
+}
+
+fn expect_shape(arg: &'static str, t: &Tensor<'_>, want: &[usize], names: &str) -> Result<()> {
+    if t.shape() != want {
+        return Err(Error::invalid(
+            arg,
+            format!("shape {names} = {want:?}"),
+            format!("{:?}", t.shape()),
+        ));
+    }
+    Ok(())
+}
+
+impl Problem {
+    /// Builds the sequence and chunk tables for `batch` rows of `seq_len` tokens, or for the
+    /// varlen offsets `cu_seqlens` (which need `batch == 1`).
+    pub fn new(
+        batch: usize,
+        seq_len: usize,
+        heads: usize,
+        v_heads: usize,
+        dk: usize,
+        dv: usize,
+        cu_seqlens: Option<&[i64]>,
+        opts: &Options,
+    ) -> Result<Problem> {
+        opts.validate()?;
+        for (arg, d) in [
+            ("B", batch),
+            ("H", heads),
+            ("HV", v_heads),
+            ("K", dk),
+            ("V", dv),
+        ] {
+            if d == 0 {
+                return Err(Error::invalid(arg, "at least 1", 0));
+            }
+        }
+        if v_heads % heads != 0 {
+            return Err(Error::invalid(
+                "v",
+                format!("HV a multiple of H = {heads}"),
+                format!("HV = {v_heads}"),
+            ));
+        }
+        let tokens = checked_numel("q", &[batch, seq_len])?;
+        // Every buffer the forward makes must be addressable: the largest are [tokens, HV, max(K,V,BT)]
+        // and the per-chunk states [chunks, HV, K, V] (chunks <= tokens).
+        checked_numel("v", &[tokens, v_heads, dk.max(dv).max(opts.chunk_size)])?;
+        checked_numel("initial_state", &[tokens.max(batch), v_heads, dk, dv])?;
+
+        let seqs: Vec<(usize, usize)> = match cu_seqlens {
+            None => (0..batch)
+                .map(|b| (b * seq_len, (b + 1) * seq_len))
+                .collect(),
+            Some(cu) => {
+                if batch != 1 {
+                    return Err(Error::invalid(
+                        "cu_seqlens",
+                        "B = 1 with cu_seqlens",
+                        format!("B = {batch}"),
+                    ));
+                }
+                if cu.len() < 2 {
+                    return Err(Error::invalid("cu_seqlens", "at least 2 offsets", cu.len()));
+                }
+                if cu[0] != 0 {
+                    return Err(Error::invalid("cu_seqlens", "cu_seqlens[0] = 0", cu[0]));
+                }
+                if let Some(i) = (1..cu.len()).find(|&i| cu[i] < cu[i - 1]) {
+                    return Err(Error::invalid(
+                        "cu_seqlens",
+                        "non-decreasing offsets",
+                        format!(
+                            "cu_seqlens[{}] = {} < cu_seqlens[{}] = {}",
+                            i,
+                            cu[i],
+                            i - 1,
+                            cu[i - 1]
+                        ),
+                    ));
+                }
+                let last = cu[cu.len() - 1];
+                if last != seq_len as i64 {
+                    return Err(Error::invalid(
+                        "cu_seqlens",
+                        format!("last offset = T = {seq_len}"),
+                        last,
+                    ));
+                }
+                cu.windows(2)
+                    .map(|w| (w[0] as usize, w[1] as usize))
+                    .collect()
+            }
+        };
+        let bt = opts.chunk_size;
+        let mut chunks = Vec::with_capacity(tokens / bt + seqs.len());
+        for (seq, &(s, e)) in seqs.iter().enumerate() {
+            let mut start = s;
+            while start < e {
+                let len = bt.min(e - start);
+                chunks.push(Chunk { seq, start, len });
+                start += len;
+            }
+        }
+        Ok(Problem {
+            batch,
+            seq_len,
+            heads,
+            v_heads,
+            dk,
+            dv,
+            chunk_size: bt,
+            head_map: opts.head_map,
+            seqs,
+            chunks,
+        })
+    }
+
+    /// Validates every input tensor against the others and the options, and builds the tables.
+    pub fn from_inputs(x: &Inputs<'_>, opts: &Options) -> Result<Problem> {
+        let q = dims_of("q", &x.q, 4)?;
+        let (b, t, h, dk) = (q[0], q[1], q[2], q[3]);
+        expect_shape("k", &x.k, &q, "[B, T, H, K]")?;
+        let v = dims_of("v", &x.v, 4)?;
+        if v[0] != b || v[1] != t {
+            return Err(Error::invalid(
+                "v",
+                format!("shape [B, T, HV, V] with B = {b}, T = {t}"),
+                format!("{v:?}"),
+            ));
+        }
+        let (hv, dv) = (v[2], v[3]);
+        let p = Problem::new(b, t, h, hv, dk, dv, x.cu_seqlens.as_deref(), opts)?;
+        if x.k.dtype() != x.q.dtype() {
+            return Err(Error::invalid(
+                "k",
+                format!("dtype {} (as q)", x.q.dtype()),
+                x.k.dtype(),
+            ));
+        }
+        if x.v.dtype() != x.q.dtype() {
+            return Err(Error::invalid(
+                "v",
+                format!("dtype {} (as q)", x.q.dtype()),
+                x.v.dtype(),
+            ));
+        }
+        expect_shape("g", &x.g, &[b, t, hv], "[B, T, HV]")?;
+        expect_shape("beta", &x.beta, &[b, t, hv], "[B, T, HV]")?;
+        if let Some(s) = &x.initial_state {
+            expect_shape(
+                "initial_state",
+                s,
+                &p.state_shape(opts.state_v_first),
+                p.state_dims_name(opts.state_v_first),
+            )?;
+            if s.dtype() != DType::F32 {
+                return Err(Error::invalid("initial_state", "dtype f32", s.dtype()));
+            }
+        }
+        if opts.gate_in_kernel {
+            for (arg, t) in [("A_log", &x.a_log), ("dt_bias", &x.dt_bias)] {
+                match t {
+                    None => {
+                        return Err(Error::invalid(
+                            arg,
+                            format!("a [HV] = [{hv}] tensor (gate_in_kernel is on)"),
+                            "none",
+                        ))
+                    }
+                    Some(t) => expect_shape(arg, t, &[hv], "[HV]")?,
+                }
+            }
+        }
+        Ok(p)
+    }
+
+    /// Total tokens, `B * T`.
+    pub fn tokens(&self) -> usize {
+        self.batch * self.seq_len
+    }
+
+    /// Number of sequences N: B, or `len(cu_seqlens) - 1`.
+    pub fn num_seqs(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Flat token ranges `[start, end)` of the sequences.
+    pub fn seqs(&self) -> &[(usize, usize)] {
+        &self.seqs
+    }
+
+    /// All chunks, sequence by sequence.
+    pub fn chunks(&self) -> &[Chunk] {
+        &self.chunks
+    }
+
+    /// The chunks of sequence `n`, as a range of indices into [`Problem::chunks`].
+    pub fn seq_chunks(&self, n: usize) -> std::ops::Range<usize> {
+        let lo = self.chunks.partition_point(|c| c.seq < n);
+        let hi = self.chunks.partition_point(|c| c.seq <= n);
+        lo..hi
+    }
+
+    /// The q/k head read by value head `j`.
+    pub fn qk_head(&self, j: usize) -> usize {
+        match self.head_map {
+            HeadMap::Grouped => j / (self.v_heads / self.heads),
+            HeadMap::Tiled => j % self.heads,
+        }
+    }
+
+    /// The shape of initial and final states.
+    pub fn state_shape(&self, v_first: bool) -> [usize; 4] {
+        if v_first {
+            [self.num_seqs(), self.v_heads, self.dv, self.dk]
+        } else {
+            [self.num_seqs(), self.v_heads, self.dk, self.dv]
+        }
+    }
+
+    fn state_dims_name(&self, v_first: bool) -> &'static str {
+        if v_first {
+            "[N, HV, V, K]"
+        } else {
+            "[N, HV, K, V]"
+        }
+    }
+
+    /// Elements of one K x V state.
+    pub fn state_len(&self) -> usize {
+        self.dk * self.dv
+    }
+
+    /// Checks that a flat f32 buffer given to a stage has the length its layout implies.
+    pub(crate) fn check(&self, arg: &'static str, got: usize, per_token_head: usize) -> Result<()> {
+        check_len(arg, got, self.tokens() * self.v_heads * per_token_head)
+    }
+}
