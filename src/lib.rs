@@ -131,6 +131,11 @@ pub trait HostIo: Backend {
     fn upload(&self, data: &[f32]) -> Result<Self::Buf>;
     /// Copies a device buffer to the host (waiting for the work that writes it).
     fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;
+    /// Waits until all work queued on the device is done.
+    fn synchronize(&self) -> Result<()>;
+    /// Milliseconds the device spends on the work `f` queues (device events on a GPU, wall
+    /// clock on the CPU).
+    fn time_ms(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<f64>;
 }
 
 impl HostIo for cpu::Cpu {
@@ -140,9 +145,18 @@ impl HostIo for cpu::Cpu {
     fn download(&self, buf: &Vec<f32>) -> Result<Vec<f32>> {
         Ok(buf.clone())
     }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+    fn time_ms(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        let t = std::time::Instant::now();
+        f()?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    }
 }
 
-fn stage_inputs<D: HostIo>(
+/// Uploads validated host inputs as f32 device buffers (states K-major).
+pub fn upload_inputs<D: HostIo>(
     dev: &D,
     p: &Problem,
     x: &Inputs<'_>,
@@ -169,7 +183,7 @@ fn stage_inputs<D: HostIo>(
 }
 
 fn host_forward<D: HostIo>(dev: &D, p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<Output> {
-    let si = stage_inputs(dev, p, x, opts)?;
+    let si = upload_inputs(dev, p, x, opts)?;
     let out = chunk_forward(dev, p, opts, &si)?;
     let o = dev.download(&out.o)?;
     let o = Tensor::cast_from_f32(
@@ -229,7 +243,7 @@ pub fn recurrent_step(
     let scale = opts.scale_for(p.dk);
     let o = match device {
         Device::Cpu => {
-            let si = stage_inputs(&cpu::Cpu, &p, x, opts)?;
+            let si = upload_inputs(&cpu::Cpu, &p, x, opts)?;
             let a = activate(&cpu::Cpu, &p, opts, &si)?;
             // The state is updated where it lies: no copy of what can be gigabytes.
             cpu::recurrent(
@@ -246,7 +260,7 @@ pub fn recurrent_step(
         }
         Device::Cuda(d) => {
             let d = d.as_ref();
-            let si = stage_inputs(d, &p, x, opts)?;
+            let si = upload_inputs(d, &p, x, opts)?;
             let a = activate(d, &p, opts, &si)?;
             let mut s = d.upload(state)?;
             let o = d.recurrent(
