@@ -114,4 +114,10 @@ impl crate::HostIo for CudaDevice {
     fn download(&self, buf: &Buf) -> Result<Vec<f32>> {
         todo_err()
     }
+    fn synchronize(&self) -> Result<()> {
+        todo_err()
+    }
+    fn time_ms(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        todo_err()
+    }
 }
