@@ -120,7 +120,10 @@ pub(crate) fn transpose_states(s: &[f32], dk: usize, dv: usize, to_v_first: bool
 pub fn forward(device: &Device, x: &Inputs<'_>, opts: &Options) -> Result<Output> {
     let p = Problem::from_inputs(x, opts)?;
     match device {
-        Device::Cpu => host_forward(&cpu::Cpu, &p, x, opts),
+        Device::Cpu => {
+            let f = cpu::fused_forward(&p, x, opts)?;
+            host_output(&p, x, opts, &f.o, Some(f.final_state), f.h)
+        }
         Device::Cuda(d) => host_forward(d.as_ref(), &p, x, opts),
     }
 }
@@ -185,34 +188,53 @@ pub fn upload_inputs<D: HostIo>(
 fn host_forward<D: HostIo>(dev: &D, p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<Output> {
     let si = upload_inputs(dev, p, x, opts)?;
     let out = chunk_forward(dev, p, opts, &si)?;
-    let o = dev.download(&out.o)?;
-    let o = Tensor::cast_from_f32(
-        &o,
-        vec![p.batch, p.seq_len, p.v_heads, p.dv],
-        opts.out_dtype.unwrap_or(x.q.dtype()),
-    )?;
     let final_state = if opts.output_final_state {
-        let s = dev.download(&out.final_state)?;
-        let s = if opts.state_v_first {
-            transpose_states(&s, p.dk, p.dv, true)
-        } else {
-            s
-        };
-        Some(Tensor::from_f32(
-            s,
-            p.state_shape(opts.state_v_first).to_vec(),
-        )?)
+        Some(dev.download(&out.final_state)?)
     } else {
         None
     };
-    let chunk_states = if opts.output_chunk_states {
-        let h = dev.download(&out.h)?;
-        Some(Tensor::from_f32(
-            h,
-            vec![p.chunks().len(), p.v_heads, p.dk, p.dv],
-        )?)
+    let h = if opts.output_chunk_states {
+        Some(dev.download(&out.h)?)
     } else {
         None
+    };
+    host_output(p, x, opts, &dev.download(&out.o)?, final_state, h)
+}
+
+/// Host tensors of the forward's results, in the layouts and dtypes the options ask for.
+fn host_output(
+    p: &Problem,
+    x: &Inputs<'_>,
+    opts: &Options,
+    o: &[f32],
+    final_state: Option<Vec<f32>>,
+    h: Option<Vec<f32>>,
+) -> Result<Output> {
+    let o = Tensor::cast_from_f32(
+        o,
+        vec![p.batch, p.seq_len, p.v_heads, p.dv],
+        opts.out_dtype.unwrap_or(x.q.dtype()),
+    )?;
+    let final_state = match final_state {
+        Some(s) if opts.output_final_state => {
+            let s = if opts.state_v_first {
+                transpose_states(&s, p.dk, p.dv, true)
+            } else {
+                s
+            };
+            Some(Tensor::from_f32(
+                s,
+                p.state_shape(opts.state_v_first).to_vec(),
+            )?)
+        }
+        _ => None,
+    };
+    let chunk_states = match h {
+        Some(h) if opts.output_chunk_states => Some(Tensor::from_f32(
+            h,
+            vec![p.chunks().len(), p.v_heads, p.dk, p.dv],
+        )?),
+        _ => None,
     };
     Ok(Output {
         o,

@@ -124,3 +124,23 @@ fn bitwise_identical_across_runs_and_thread_counts() {
     assert_eq!(one, run_in_pool(3, &spec), "1 thread and 3 threads differ");
     assert_eq!(one, run_in_pool(8, &spec), "1 thread and 8 threads differ");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The staged CPU path (each stage a separate pass over the whole problem) and the fused one
+    /// (used by `forward`) run the same arithmetic, so they agree bit for bit.
+    #[test]
+    fn staged_and_fused_paths_agree_bitwise(spec in spec_strategy(200, 64)) {
+        let (x, mut opts) = make_case(&spec);
+        opts.output_chunk_states = true;
+        let p = Problem::from_inputs(&x, &opts).unwrap();
+        let cpu = deltanet::cpu::Cpu;
+        let si = deltanet::upload_inputs(&cpu, &p, &x, &opts).unwrap();
+        let staged = deltanet::chunk_forward(&cpu, &p, &opts, &si).unwrap();
+        let fused = deltanet::cpu::fused_forward(&p, &x, &opts).unwrap();
+        prop_assert!(staged.o == fused.o, "o differs");
+        prop_assert!(staged.final_state == fused.final_state, "final state differs");
+        prop_assert!(Some(&staged.h) == fused.h.as_ref(), "chunk states differ");
+    }
+}

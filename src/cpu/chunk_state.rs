@@ -1,9 +1,55 @@
 use rayon::prelude::*;
 
-use super::{axpy, decay, decay0};
+use super::{axpy, decay, decay0, gather_rows, gather_scalars};
 use crate::backend::{ChunkStates, Gamma, Wy};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
+
+/// `v_new = u - w h` for one chunk of one head: `w` is `n x K`, `u` and `v_new` `n x V`, `state`
+/// (h) `K x V`.
+pub(crate) fn v_new_block(
+    w: &[f32],
+    u: &[f32],
+    state: &[f32],
+    dk: usize,
+    dv: usize,
+    v_new: &mut [f32],
+) {
+    v_new.copy_from_slice(u);
+    for (vn, w_row) in v_new.chunks_exact_mut(dv).zip(w.chunks_exact(dk)) {
+        for (r, &wr) in w_row.iter().enumerate() {
+            axpy(vn, -wr, &state[r * dv..][..dv]);
+        }
+    }
+}
+
+/// `h <- e^(gamma_last) h + sum_i e^(gamma_last - gamma_i) k_i v_new_i^T` for one chunk of one
+/// head: `k` is `n x K`, `v_new` `n x V`, `state` `K x V`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn advance_block(
+    k: &[f32],
+    v_new: &[f32],
+    gamma: &[f32],
+    seg: &[f32],
+    dk: usize,
+    dv: usize,
+    state: &mut [f32],
+) {
+    let n = gamma.len();
+    if n == 0 {
+        return;
+    }
+    let last = n - 1;
+    let d_last = decay0(gamma[last], seg[last]);
+    state.iter_mut().for_each(|x| *x *= d_last);
+    for i in 0..n {
+        let d = decay(gamma[last], seg[last], gamma[i], seg[i]);
+        let vn = &v_new[i * dv..][..dv];
+        for (r, &kr) in k[i * dk..][..dk].iter().enumerate() {
+            axpy(&mut state[r * dv..][..dv], d * kr, vn);
+        }
+    }
+}
 
 /// The sequential pass over each sequence's chunks, parallel over (sequence, value head).
 ///
@@ -26,14 +72,12 @@ pub fn chunk_state(
     if let Some(h0) = h0 {
         check_len("initial_state", h0.len(), p.num_seqs() * hv * kv)?;
     }
-    let (gm, sg) = (&gamma.gamma, &gamma.seg);
 
     // One task per (sequence, head): its chunk states, its v_new rows, its final state.
     let tasks: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..p.num_seqs() * hv)
         .into_par_iter()
         .map(|task| {
             let (n, j) = (task / hv, task % hv);
-            let kh = p.qk_head(j);
             let mut state = match h0 {
                 Some(h0) => h0[task * kv..][..kv].to_vec(),
                 None => vec![0f32; kv],
@@ -44,28 +88,28 @@ pub fn chunk_state(
             let mut v_new = vec![0f32; (s1 - s0) * dv];
             for c in chunks {
                 hs.extend_from_slice(&state);
-                let last = (c.start + c.len - 1) * hv + j;
-                for i in 0..c.len {
-                    let t = c.start + i;
-                    let vn = &mut v_new[(t - s0) * dv..][..dv];
-                    vn.copy_from_slice(&wy.u[(t * hv + j) * dv..][..dv]);
-                    let w_row = &wy.w[(t * hv + j) * dk..][..dk];
-                    for (r, &wr) in w_row.iter().enumerate() {
-                        axpy(vn, -wr, &state[r * dv..][..dv]);
-                    }
-                }
-                let d_last = decay0(gm[last], sg[last]);
-                state.iter_mut().for_each(|x| *x *= d_last);
-                for i in 0..c.len {
-                    let t = c.start + i;
-                    let ti = t * hv + j;
-                    let d = decay(gm[last], sg[last], gm[ti], sg[ti]);
-                    let k_row = &k[(t * h + kh) * dk..][..dk];
-                    let vn = &v_new[(t - s0) * dv..][..dv];
-                    for (r, &kr) in k_row.iter().enumerate() {
-                        axpy(&mut state[r * dv..][..dv], d * kr, vn);
-                    }
-                }
+                let (gm, sg) = (
+                    gather_scalars(&gamma.gamma, c, hv, j),
+                    gather_scalars(&gamma.seg, c, hv, j),
+                );
+                let vn = &mut v_new[(c.start - s0) * dv..][..c.len * dv];
+                v_new_block(
+                    &gather_rows(&wy.w, c, hv, j, dk),
+                    &gather_rows(&wy.u, c, hv, j, dv),
+                    &state,
+                    dk,
+                    dv,
+                    vn,
+                );
+                advance_block(
+                    &gather_rows(k, c, h, p.qk_head(j), dk),
+                    vn,
+                    &gm,
+                    &sg,
+                    dk,
+                    dv,
+                    &mut state,
+                );
             }
             (hs, v_new, state)
         })

@@ -1,9 +1,30 @@
 use rayon::prelude::*;
 
-use super::{chunk_blocks, decay, dot};
+use super::{chunk_blocks, decay, dot, gather_rows, gather_scalars};
 use crate::backend::Gamma;
-use crate::error::Result;
+use crate::error::{check_len, Result};
 use crate::problem::Problem;
+
+/// `A_strict` of one chunk of one head (`n x n`, row-major, zero on and above the diagonal):
+/// `A[i, l] = beta_i (k_i . k_l) exp(gamma_i - gamma_l)` for i > l. `k` is `n x K`.
+pub(crate) fn kkt_block(
+    k: &[f32],
+    dk: usize,
+    beta: &[f32],
+    gamma: &[f32],
+    seg: &[f32],
+    a: &mut [f32],
+) {
+    let n = beta.len();
+    a.fill(0.0);
+    for i in 1..n {
+        let ki = &k[i * dk..][..dk];
+        for l in 0..i {
+            a[i * n + l] =
+                beta[i] * dot(ki, &k[l * dk..][..dk]) * decay(gamma[i], seg[i], gamma[l], seg[l]);
+        }
+    }
+}
 
 /// `A_strict[i, j] = beta_i (k_i . k_j) exp(gamma_i - gamma_j)` for i > j within a chunk, zero on
 /// and above the diagonal; layout `[B, T, HV, BT]`.
@@ -14,26 +35,26 @@ pub fn chunk_scaled_dot_kkt(
     gamma: &Gamma<Vec<f32>>,
 ) -> Result<Vec<f32>> {
     let (h, hv, dk, bt) = (p.heads, p.v_heads, p.dk, p.chunk_size);
-    crate::error::check_len("k", k.len(), p.tokens() * h * dk)?;
+    check_len("k", k.len(), p.tokens() * h * dk)?;
     p.check("beta", beta.len(), 1)?;
     p.check("gamma", gamma.gamma.len(), 1)?;
     p.check("seg", gamma.seg.len(), 1)?;
-    let (gm, sg) = (&gamma.gamma, &gamma.seg);
     let mut a = vec![0f32; p.tokens() * hv * bt];
     chunk_blocks(p, &mut a, hv * bt)
         .into_par_iter()
         .for_each(|(c, a)| {
+            let n = c.len;
+            let mut block = vec![0f32; n * n];
             for j in 0..hv {
-                let kh = p.qk_head(j);
-                let krow = |i: usize| &k[((c.start + i) * h + kh) * dk..][..dk];
-                let gi = |i: usize| (c.start + i) * hv + j;
-                for r in 1..c.len {
-                    let (tr, kr) = (gi(r), krow(r));
-                    let row = &mut a[(r * hv + j) * bt..][..bt];
-                    for (col, x) in row.iter_mut().enumerate().take(r) {
-                        let tc = gi(col);
-                        *x = beta[tr] * dot(kr, krow(col)) * decay(gm[tr], sg[tr], gm[tc], sg[tc]);
-                    }
+                let kc = gather_rows(k, &c, h, p.qk_head(j), dk);
+                let (b, gm, sg) = (
+                    gather_scalars(beta, &c, hv, j),
+                    gather_scalars(&gamma.gamma, &c, hv, j),
+                    gather_scalars(&gamma.seg, &c, hv, j),
+                );
+                kkt_block(&kc, dk, &b, &gm, &sg, &mut block);
+                for i in 0..n {
+                    a[(i * hv + j) * bt..][..n].copy_from_slice(&block[i * n..][..n]);
                 }
             }
         });

@@ -5,6 +5,7 @@
 mod chunk_output;
 mod chunk_state;
 mod cumsum;
+mod fused;
 mod gate;
 mod kkt;
 mod l2norm;
@@ -15,6 +16,7 @@ mod wy;
 pub use chunk_output::chunk_output;
 pub use chunk_state::chunk_state;
 pub use cumsum::chunk_local_cumsum;
+pub use fused::fused_forward;
 pub use gate::gate;
 pub use kkt::chunk_scaled_dot_kkt;
 pub use l2norm::l2norm;
@@ -136,6 +138,28 @@ pub(crate) fn chunk_blocks<'a>(
         rest = tail;
     }
     blocks
+}
+
+/// The `n x width` rows of one chunk for head `head` of a `[tokens, heads, width]` buffer.
+pub(crate) fn gather_rows(
+    x: &[f32],
+    c: &Chunk,
+    heads: usize,
+    head: usize,
+    width: usize,
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(c.len * width);
+    for t in c.start..c.start + c.len {
+        out.extend_from_slice(&x[(t * heads + head) * width..][..width]);
+    }
+    out
+}
+
+/// The `n` values of one chunk for head `head` of a `[tokens, heads]` buffer.
+pub(crate) fn gather_scalars(x: &[f32], c: &Chunk, heads: usize, head: usize) -> Vec<f32> {
+    (c.start..c.start + c.len)
+        .map(|t| x[t * heads + head])
+        .collect()
 }
 
 /// The decay from token j to token i of one chunk (j <= i): see [`Gamma`].

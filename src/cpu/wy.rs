@@ -1,9 +1,39 @@
 use rayon::prelude::*;
 
-use super::{axpy, chunk_blocks, decay0};
+use super::{axpy, chunk_blocks, decay0, gather_rows, gather_scalars};
 use crate::backend::{Gamma, Wy};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
+
+/// `w = A_inv (beta e^gamma k)` (`n x K`) and `u = A_inv (beta v)` (`n x V`) of one chunk of one
+/// head, from its `n x n` `A_inv`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn wy_block(
+    a_inv: &[f32],
+    k: &[f32],
+    v: &[f32],
+    beta: &[f32],
+    gamma: &[f32],
+    seg: &[f32],
+    w: &mut [f32],
+    u: &mut [f32],
+) {
+    let n = beta.len();
+    let (dk, dv) = (k.len() / n.max(1), v.len() / n.max(1));
+    w.fill(0.0);
+    u.fill(0.0);
+    for i in 0..n {
+        let (w_row, u_row) = (&mut w[i * dk..][..dk], &mut u[i * dv..][..dv]);
+        for (l, &a) in a_inv[i * n..][..=i].iter().enumerate() {
+            axpy(
+                w_row,
+                a * beta[l] * decay0(gamma[l], seg[l]),
+                &k[l * dk..][..dk],
+            );
+            axpy(u_row, a * beta[l], &v[l * dv..][..dv]);
+        }
+    }
+}
 
 /// `w = A_inv (beta e^gamma k)` and `u = A_inv (beta v)`, chunk by chunk.
 pub fn recompute_w_u(
@@ -27,21 +57,26 @@ pub fn recompute_w_u(
         .into_par_iter()
         .zip(chunk_blocks(p, &mut u, hv * dv))
         .for_each(|((c, w), (_, u))| {
+            let n = c.len;
+            let (mut a, mut wc, mut uc) =
+                (vec![0f32; n * n], vec![0f32; n * dk], vec![0f32; n * dv]);
             for j in 0..hv {
-                let kh = p.qk_head(j);
-                for i in 0..c.len {
-                    let a_row = &a_inv[((c.start + i) * hv + j) * bt..][..=i];
-                    let w_row = &mut w[(i * hv + j) * dk..][..dk];
-                    for (l, &a) in a_row.iter().enumerate() {
-                        let t = (c.start + l) * hv + j;
-                        let coef = a * beta[t] * decay0(gamma.gamma[t], gamma.seg[t]);
-                        axpy(w_row, coef, &k[((c.start + l) * h + kh) * dk..][..dk]);
-                    }
-                    let u_row = &mut u[(i * hv + j) * dv..][..dv];
-                    for (l, &a) in a_row.iter().enumerate() {
-                        let t = (c.start + l) * hv + j;
-                        axpy(u_row, a * beta[t], &v[t * dv..][..dv]);
-                    }
+                for i in 0..n {
+                    a[i * n..][..n].copy_from_slice(&a_inv[((c.start + i) * hv + j) * bt..][..n]);
+                }
+                wy_block(
+                    &a,
+                    &gather_rows(k, &c, h, p.qk_head(j), dk),
+                    &gather_rows(v, &c, hv, j, dv),
+                    &gather_scalars(beta, &c, hv, j),
+                    &gather_scalars(&gamma.gamma, &c, hv, j),
+                    &gather_scalars(&gamma.seg, &c, hv, j),
+                    &mut wc,
+                    &mut uc,
+                );
+                for i in 0..n {
+                    w[(i * hv + j) * dk..][..dk].copy_from_slice(&wc[i * dk..][..dk]);
+                    u[(i * hv + j) * dv..][..dv].copy_from_slice(&uc[i * dv..][..dv]);
                 }
             }
         });
