@@ -122,7 +122,7 @@ pub fn forward(device: &Device, x: &Inputs<'_>, opts: &Options) -> Result<Output
     match device {
         Device::Cpu => {
             let f = cpu::fused_forward(&p, x, opts)?;
-            host_output(&p, x, opts, &f.o, Some(f.final_state), f.h)
+            host_output(&p, x, opts, f.o, Some(f.final_state), f.h)
         }
         Device::Cuda(d) => host_forward(d.as_ref(), &p, x, opts),
     }
@@ -198,7 +198,7 @@ fn host_forward<D: HostIo>(dev: &D, p: &Problem, x: &Inputs<'_>, opts: &Options)
     } else {
         None
     };
-    host_output(p, x, opts, &dev.download(&out.o)?, final_state, h)
+    host_output(p, x, opts, dev.download(&out.o)?, final_state, h)
 }
 
 /// Host tensors of the forward's results, in the layouts and dtypes the options ask for.
