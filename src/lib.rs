@@ -206,15 +206,16 @@ fn host_output(
     p: &Problem,
     x: &Inputs<'_>,
     opts: &Options,
-    o: &[f32],
+    o: Vec<f32>,
     final_state: Option<Vec<f32>>,
     h: Option<Vec<f32>>,
 ) -> Result<Output> {
-    let o = Tensor::cast_from_f32(
-        o,
-        vec![p.batch, p.seq_len, p.v_heads, p.dv],
-        opts.out_dtype.unwrap_or(x.q.dtype()),
-    )?;
+    let shape = vec![p.batch, p.seq_len, p.v_heads, p.dv];
+    // f32 output takes the buffer as it is: no second copy of what can be gigabytes.
+    let o = match opts.out_dtype.unwrap_or(x.q.dtype()) {
+        DType::F32 => Tensor::from_f32(o, shape)?,
+        dtype => Tensor::cast_from_f32(&o, shape, dtype)?,
+    };
     let final_state = match final_state {
         Some(s) if opts.output_final_state => {
             let s = if opts.state_v_first {
