@@ -1,6 +1,6 @@
 use rayon::prelude::*;
 
-use super::{axpy, chunk_blocks, decay, decay0, dot, gather_rows, gather_scalars};
+use super::{chunk_blocks, decay, decay0, gather_rows, gather_scalars, gemm};
 use crate::backend::Gamma;
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
@@ -23,27 +23,27 @@ pub(crate) fn output_block(
         return;
     }
     let (dk, dv) = (q.len() / n, v_new.len() / n);
-    o.fill(0.0);
+    // Across chunks: e^gamma_i q_i^T h.
+    gemm(n, dk, dv, 1.0, q, false, state, false, 0.0, o);
     for i in 0..n {
-        let (q_row, out) = (&q[i * dk..][..dk], &mut o[i * dv..][..dv]);
         let d0 = decay0(gamma[i], seg[i]);
-        if d0 != 0.0 {
-            for (r, &qr) in q_row.iter().enumerate() {
-                axpy(out, d0 * qr, &state[r * dv..][..dv]);
-            }
-        }
-        for l in 0..=i {
-            let d = decay(gamma[i], seg[i], gamma[l], seg[l]);
-            if d != 0.0 {
-                axpy(
-                    out,
-                    d * dot(q_row, &k[l * dk..][..dk]),
-                    &v_new[l * dv..][..dv],
-                );
-            }
-        }
-        out.iter_mut().for_each(|x| *x *= scale);
+        o[i * dv..][..dv].iter_mut().for_each(|x| *x *= d0);
     }
+    // Within the chunk: causal(q k^T e^(gamma_i - gamma_l)) v_new, diagonal included.
+    let mut p = vec![0f32; n * n];
+    gemm(n, dk, n, 1.0, q, false, k, true, 0.0, &mut p);
+    for i in 0..n {
+        for l in 0..n {
+            let x = &mut p[i * n + l];
+            *x = if l <= i {
+                *x * decay(gamma[i], seg[i], gamma[l], seg[l])
+            } else {
+                0.0
+            };
+        }
+    }
+    gemm(n, n, dv, 1.0, &p, false, v_new, false, 1.0, o);
+    o[..n * dv].iter_mut().for_each(|x| *x *= scale);
 }
 
 /// `o_i = scale (e^gamma_i q_i^T h + sum_{j <= i} e^(gamma_i - gamma_j) (q_i . k_j) v_new_j)` for

@@ -1,6 +1,6 @@
 use rayon::prelude::*;
 
-use super::{axpy, decay, decay0, gather_rows, gather_scalars};
+use super::{decay, decay0, gather_rows, gather_scalars, gemm};
 use crate::backend::{ChunkStates, Gamma, Wy};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
@@ -16,11 +16,18 @@ pub(crate) fn v_new_block(
     v_new: &mut [f32],
 ) {
     v_new.copy_from_slice(u);
-    for (vn, w_row) in v_new.chunks_exact_mut(dv).zip(w.chunks_exact(dk)) {
-        for (r, &wr) in w_row.iter().enumerate() {
-            axpy(vn, -wr, &state[r * dv..][..dv]);
-        }
-    }
+    gemm(
+        u.len() / dv.max(1),
+        dk,
+        dv,
+        -1.0,
+        w,
+        false,
+        state,
+        false,
+        1.0,
+        v_new,
+    );
 }
 
 /// `h <- e^(gamma_last) h + sum_i e^(gamma_last - gamma_i) k_i v_new_i^T` for one chunk of one
@@ -40,15 +47,23 @@ pub(crate) fn advance_block(
         return;
     }
     let last = n - 1;
-    let d_last = decay0(gamma[last], seg[last]);
-    state.iter_mut().for_each(|x| *x *= d_last);
+    let mut scaled = v_new.to_vec();
     for i in 0..n {
         let d = decay(gamma[last], seg[last], gamma[i], seg[i]);
-        let vn = &v_new[i * dv..][..dv];
-        for (r, &kr) in k[i * dk..][..dk].iter().enumerate() {
-            axpy(&mut state[r * dv..][..dv], d * kr, vn);
-        }
+        scaled[i * dv..][..dv].iter_mut().for_each(|x| *x *= d);
     }
+    gemm(
+        dk,
+        n,
+        dv,
+        1.0,
+        k,
+        true,
+        &scaled,
+        false,
+        decay0(gamma[last], seg[last]),
+        state,
+    );
 }
 
 /// The sequential pass over each sequence's chunks, parallel over (sequence, value head).

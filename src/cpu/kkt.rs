@@ -1,6 +1,6 @@
 use rayon::prelude::*;
 
-use super::{chunk_blocks, decay, dot, gather_rows, gather_scalars};
+use super::{chunk_blocks, decay, gather_rows, gather_scalars, gemm};
 use crate::backend::Gamma;
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
@@ -16,12 +16,15 @@ pub(crate) fn kkt_block(
     a: &mut [f32],
 ) {
     let n = beta.len();
-    a.fill(0.0);
-    for i in 1..n {
-        let ki = &k[i * dk..][..dk];
-        for l in 0..i {
-            a[i * n + l] =
-                beta[i] * dot(ki, &k[l * dk..][..dk]) * decay(gamma[i], seg[i], gamma[l], seg[l]);
+    gemm(n, dk, n, 1.0, k, false, k, true, 0.0, a);
+    for i in 0..n {
+        for l in 0..n {
+            let x = &mut a[i * n + l];
+            *x = if l < i {
+                *x * beta[i] * decay(gamma[i], seg[i], gamma[l], seg[l])
+            } else {
+                0.0
+            };
         }
     }
 }

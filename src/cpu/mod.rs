@@ -182,6 +182,61 @@ pub(crate) fn decay0(gamma_i: f32, seg_i: f32) -> f32 {
     }
 }
 
+/// `c = alpha op(a) op(b) + beta c` on row-major blocks: `op(a)` is `m x k` (stored `k x m` when
+/// `a_t`), `op(b)` is `k x n` (stored `n x k` when `b_t`), `c` is `m x n`. The small dense
+/// products of a chunk are where the CPU spends its time, so they go to a tuned, single-threaded
+/// (hence deterministic) sgemm; with `beta == 0`, `c` is only written.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    a_t: bool,
+    b: &[f32],
+    b_t: bool,
+    beta: f32,
+    c: &mut [f32],
+) {
+    assert!(
+        a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
+        "gemm block sizes"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c[..m * n]
+            .iter_mut()
+            .for_each(|x| *x = if beta == 0.0 { 0.0 } else { *x * beta });
+        return;
+    }
+    let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
+    let (rsb, csb) = if b_t { (1, k) } else { (n, 1) };
+    // SAFETY: the assert above keeps every element the strides reach inside `a`, `b` and `c`
+    // (row-major m x k, k x n and m x n, or their transposes), and `c` is a unique borrow, so it
+    // aliases neither input.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.as_ptr(),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
 /// `sum a[i] b[i]`.
 #[inline]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {

@@ -1,6 +1,6 @@
 use rayon::prelude::*;
 
-use super::{axpy, chunk_blocks, decay0, gather_rows, gather_scalars};
+use super::{chunk_blocks, decay0, gather_rows, gather_scalars, gemm};
 use crate::backend::{Gamma, Wy};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
@@ -19,20 +19,19 @@ pub(crate) fn wy_block(
     u: &mut [f32],
 ) {
     let n = beta.len();
-    let (dk, dv) = (k.len() / n.max(1), v.len() / n.max(1));
-    w.fill(0.0);
-    u.fill(0.0);
-    for i in 0..n {
-        let (w_row, u_row) = (&mut w[i * dk..][..dk], &mut u[i * dv..][..dv]);
-        for (l, &a) in a_inv[i * n..][..=i].iter().enumerate() {
-            axpy(
-                w_row,
-                a * beta[l] * decay0(gamma[l], seg[l]),
-                &k[l * dk..][..dk],
-            );
-            axpy(u_row, a * beta[l], &v[l * dv..][..dv]);
-        }
+    if n == 0 {
+        return;
     }
+    let (dk, dv) = (k.len() / n, v.len() / n);
+    let mut kb = k.to_vec();
+    let mut vb = v.to_vec();
+    for l in 0..n {
+        let d = beta[l] * decay0(gamma[l], seg[l]);
+        kb[l * dk..][..dk].iter_mut().for_each(|x| *x *= d);
+        vb[l * dv..][..dv].iter_mut().for_each(|x| *x *= beta[l]);
+    }
+    gemm(n, n, dk, 1.0, a_inv, false, &kb, false, 0.0, w);
+    gemm(n, n, dv, 1.0, a_inv, false, &vb, false, 0.0, u);
 }
 
 /// `w = A_inv (beta e^gamma k)` and `u = A_inv (beta v)`, chunk by chunk.
