@@ -1,6 +1,6 @@
 use rayon::prelude::*;
 
-use super::{chunk_blocks, decay, decay0, gather_rows, gather_scalars, gemm};
+use super::{chunk_blocks, gather_rows, gemm, Decays};
 use crate::backend::Gamma;
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
@@ -13,12 +13,11 @@ pub(crate) fn output_block(
     k: &[f32],
     v_new: &[f32],
     state: &[f32],
-    gamma: &[f32],
-    seg: &[f32],
+    d: &Decays,
     scale: f32,
     o: &mut [f32],
 ) {
-    let n = gamma.len();
+    let n = d.len();
     if n == 0 {
         return;
     }
@@ -26,7 +25,7 @@ pub(crate) fn output_block(
     // Across chunks: e^gamma_i q_i^T h.
     gemm(n, dk, dv, 1.0, q, false, state, false, 0.0, o);
     for i in 0..n {
-        let d0 = decay0(gamma[i], seg[i]);
+        let d0 = d.decay0(i);
         o[i * dv..][..dv].iter_mut().for_each(|x| *x *= d0);
     }
     // Within the chunk: causal(q k^T e^(gamma_i - gamma_l)) v_new, diagonal included.
@@ -35,11 +34,7 @@ pub(crate) fn output_block(
     for i in 0..n {
         for l in 0..n {
             let x = &mut p[i * n + l];
-            *x = if l <= i {
-                *x * decay(gamma[i], seg[i], gamma[l], seg[l])
-            } else {
-                0.0
-            };
+            *x = if l <= i { *x * d.decay(i, l) } else { 0.0 };
         }
     }
     gemm(n, n, dv, 1.0, &p, false, v_new, false, 1.0, o);
@@ -65,6 +60,7 @@ pub fn chunk_output(
     check_len("h", h.len(), p.chunks().len() * hv * kv)?;
     p.check("gamma", gamma.gamma.len(), 1)?;
     p.check("seg", gamma.seg.len(), 1)?;
+    p.check("lo", gamma.lo.len(), 1)?;
     let mut o = vec![0f32; p.tokens() * hv * dv];
     chunk_blocks(p, &mut o, hv * dv)
         .into_par_iter()
@@ -78,8 +74,7 @@ pub fn chunk_output(
                     &gather_rows(k, &c, nh, kh, dk),
                     &gather_rows(v_new, &c, hv, j, dv),
                     &h[(ci * hv + j) * kv..][..kv],
-                    &gather_scalars(&gamma.gamma, &c, hv, j),
-                    &gather_scalars(&gamma.seg, &c, hv, j),
+                    &Decays::gather(gamma, &c, hv, j),
                     scale,
                     &mut oc,
                 );

@@ -1,6 +1,6 @@
 use rayon::prelude::*;
 
-use super::{decay, decay0, gather_rows, gather_scalars, gemm};
+use super::{gather_rows, gemm, Decays};
 use crate::backend::{ChunkStates, Gamma, Wy};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
@@ -36,21 +36,20 @@ pub(crate) fn v_new_block(
 pub(crate) fn advance_block(
     k: &[f32],
     v_new: &[f32],
-    gamma: &[f32],
-    seg: &[f32],
+    d: &Decays,
     dk: usize,
     dv: usize,
     state: &mut [f32],
 ) {
-    let n = gamma.len();
+    let n = d.len();
     if n == 0 {
         return;
     }
     let last = n - 1;
     let mut scaled = v_new.to_vec();
     for i in 0..n {
-        let d = decay(gamma[last], seg[last], gamma[i], seg[i]);
-        scaled[i * dv..][..dv].iter_mut().for_each(|x| *x *= d);
+        let decay = d.decay(last, i);
+        scaled[i * dv..][..dv].iter_mut().for_each(|x| *x *= decay);
     }
     gemm(
         dk,
@@ -61,7 +60,7 @@ pub(crate) fn advance_block(
         true,
         &scaled,
         false,
-        decay0(gamma[last], seg[last]),
+        d.decay0(last),
         state,
     );
 }
@@ -84,6 +83,7 @@ pub fn chunk_state(
     p.check("u", wy.u.len(), dv)?;
     p.check("gamma", gamma.gamma.len(), 1)?;
     p.check("seg", gamma.seg.len(), 1)?;
+    p.check("lo", gamma.lo.len(), 1)?;
     if let Some(h0) = h0 {
         check_len("initial_state", h0.len(), p.num_seqs() * hv * kv)?;
     }
@@ -103,10 +103,7 @@ pub fn chunk_state(
             let mut v_new = vec![0f32; (s1 - s0) * dv];
             for c in chunks {
                 hs.extend_from_slice(&state);
-                let (gm, sg) = (
-                    gather_scalars(&gamma.gamma, c, hv, j),
-                    gather_scalars(&gamma.seg, c, hv, j),
-                );
+                let d = Decays::gather(gamma, c, hv, j);
                 let vn = &mut v_new[(c.start - s0) * dv..][..c.len * dv];
                 v_new_block(
                     &gather_rows(&wy.w, c, hv, j, dk),
@@ -119,8 +116,7 @@ pub fn chunk_state(
                 advance_block(
                     &gather_rows(k, c, h, p.qk_head(j), dk),
                     vn,
-                    &gm,
-                    &sg,
+                    &d,
                     dk,
                     dv,
                     &mut state,

@@ -117,21 +117,20 @@ pub fn fused_forward(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<Fuse
                     .into_iter()
                     .map(|b| act.beta(b))
                     .collect();
-                let (mut gamma, mut seg) = (vec![0f32; len], vec![0f32; len]);
-                cumsum_block(&g, &mut gamma, &mut seg);
+                let d = cumsum_block(&g);
                 let (mut a, mut a_inv) = (vec![0f32; len * len], vec![0f32; len * len]);
-                kkt_block(&k, dk, &beta, &gamma, &seg, &mut a);
+                kkt_block(&k, dk, &beta, &d, &mut a);
                 solve_tril_block(&a, len, &mut a_inv);
                 let (mut w, mut u) = (vec![0f32; len * dk], vec![0f32; len * dv]);
-                wy_block(&a_inv, &k, &v, &beta, &gamma, &seg, &mut w, &mut u);
+                wy_block(&a_inv, &k, &v, &beta, &d, &mut w, &mut u);
                 if opts.output_chunk_states {
                     hs.extend_from_slice(&state);
                 }
                 let mut v_new = vec![0f32; len * dv];
                 v_new_block(&w, &u, &state, dk, dv, &mut v_new);
                 let o_c = &mut o[(c.start - s0) * dv..][..len * dv];
-                output_block(&q, &k, &v_new, &state, &gamma, &seg, scale, o_c);
-                advance_block(&k, &v_new, &gamma, &seg, dk, dv, &mut state);
+                output_block(&q, &k, &v_new, &state, &d, scale, o_c);
+                advance_block(&k, &v_new, &d, dk, dv, &mut state);
             }
             (o, state, hs)
         })

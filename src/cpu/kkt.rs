@@ -1,27 +1,20 @@
 use rayon::prelude::*;
 
-use super::{chunk_blocks, decay, gather_rows, gather_scalars, gemm};
+use super::{chunk_blocks, gather_rows, gather_scalars, gemm, Decays};
 use crate::backend::Gamma;
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
 
 /// `A_strict` of one chunk of one head (`n x n`, row-major, zero on and above the diagonal):
 /// `A[i, l] = beta_i (k_i . k_l) exp(gamma_i - gamma_l)` for i > l. `k` is `n x K`.
-pub(crate) fn kkt_block(
-    k: &[f32],
-    dk: usize,
-    beta: &[f32],
-    gamma: &[f32],
-    seg: &[f32],
-    a: &mut [f32],
-) {
+pub(crate) fn kkt_block(k: &[f32], dk: usize, beta: &[f32], d: &Decays, a: &mut [f32]) {
     let n = beta.len();
     gemm(n, dk, n, 1.0, k, false, k, true, 0.0, a);
     for i in 0..n {
         for l in 0..n {
             let x = &mut a[i * n + l];
             *x = if l < i {
-                *x * beta[i] * decay(gamma[i], seg[i], gamma[l], seg[l])
+                *x * beta[i] * d.decay(i, l)
             } else {
                 0.0
             };
@@ -42,6 +35,7 @@ pub fn chunk_scaled_dot_kkt(
     p.check("beta", beta.len(), 1)?;
     p.check("gamma", gamma.gamma.len(), 1)?;
     p.check("seg", gamma.seg.len(), 1)?;
+    p.check("lo", gamma.lo.len(), 1)?;
     let mut a = vec![0f32; p.tokens() * hv * bt];
     chunk_blocks(p, &mut a, hv * bt)
         .into_par_iter()
@@ -50,12 +44,8 @@ pub fn chunk_scaled_dot_kkt(
             let mut block = vec![0f32; n * n];
             for j in 0..hv {
                 let kc = gather_rows(k, &c, h, p.qk_head(j), dk);
-                let (b, gm, sg) = (
-                    gather_scalars(beta, &c, hv, j),
-                    gather_scalars(&gamma.gamma, &c, hv, j),
-                    gather_scalars(&gamma.seg, &c, hv, j),
-                );
-                kkt_block(&kc, dk, &b, &gm, &sg, &mut block);
+                let b = gather_scalars(beta, &c, hv, j);
+                kkt_block(&kc, dk, &b, &Decays::gather(gamma, &c, hv, j), &mut block);
                 for i in 0..n {
                     a[(i * hv + j) * bt..][..n].copy_from_slice(&block[i * n..][..n]);
                 }

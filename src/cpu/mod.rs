@@ -162,23 +162,47 @@ pub(crate) fn gather_scalars(x: &[f32], c: &Chunk, heads: usize, head: usize) ->
         .collect()
 }
 
-/// The decay from token j to token i of one chunk (j <= i): see [`Gamma`].
-#[inline]
-pub(crate) fn decay(gamma_i: f32, seg_i: f32, gamma_j: f32, seg_j: f32) -> f32 {
-    if seg_i == seg_j {
-        (gamma_i - gamma_j).exp()
-    } else {
-        0.0
-    }
+/// The decays of one chunk of one head: its slice of [`Gamma`].
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Decays {
+    pub(crate) gamma: Vec<f32>,
+    pub(crate) lo: Vec<f32>,
+    pub(crate) seg: Vec<f32>,
 }
 
-/// The decay from the state entering a chunk to token i: see [`Gamma`].
-#[inline]
-pub(crate) fn decay0(gamma_i: f32, seg_i: f32) -> f32 {
-    if seg_i == 0.0 {
-        gamma_i.exp()
-    } else {
-        0.0
+impl Decays {
+    /// Chunk `c`, value head `j`, of a `[tokens, HV]` [`Gamma`].
+    pub(crate) fn gather(gm: &Gamma<Vec<f32>>, c: &Chunk, hv: usize, j: usize) -> Decays {
+        Decays {
+            gamma: gather_scalars(&gm.gamma, c, hv, j),
+            lo: gather_scalars(&gm.lo, c, hv, j),
+            seg: gather_scalars(&gm.seg, c, hv, j),
+        }
+    }
+
+    /// Tokens in the chunk.
+    pub(crate) fn len(&self) -> usize {
+        self.gamma.len()
+    }
+
+    /// The decay from token j to token i (j <= i).
+    #[inline]
+    pub(crate) fn decay(&self, i: usize, j: usize) -> f32 {
+        if self.seg[i] == self.seg[j] {
+            ((self.gamma[i] - self.gamma[j]) + (self.lo[i] - self.lo[j])).exp()
+        } else {
+            0.0
+        }
+    }
+
+    /// The decay from the state entering the chunk to token i.
+    #[inline]
+    pub(crate) fn decay0(&self, i: usize) -> f32 {
+        if self.seg[i] == 0.0 {
+            (self.gamma[i] + self.lo[i]).exp()
+        } else {
+            0.0
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 use rayon::prelude::*;
 
-use super::{chunk_blocks, decay0, gather_rows, gather_scalars, gemm};
+use super::{chunk_blocks, gather_rows, gather_scalars, gemm, Decays};
 use crate::backend::{Gamma, Wy};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
@@ -13,8 +13,7 @@ pub(crate) fn wy_block(
     k: &[f32],
     v: &[f32],
     beta: &[f32],
-    gamma: &[f32],
-    seg: &[f32],
+    d: &Decays,
     w: &mut [f32],
     u: &mut [f32],
 ) {
@@ -26,8 +25,8 @@ pub(crate) fn wy_block(
     let mut kb = k.to_vec();
     let mut vb = v.to_vec();
     for l in 0..n {
-        let d = beta[l] * decay0(gamma[l], seg[l]);
-        kb[l * dk..][..dk].iter_mut().for_each(|x| *x *= d);
+        let coef = beta[l] * d.decay0(l);
+        kb[l * dk..][..dk].iter_mut().for_each(|x| *x *= coef);
         vb[l * dv..][..dv].iter_mut().for_each(|x| *x *= beta[l]);
     }
     gemm(n, n, dk, 1.0, a_inv, false, &kb, false, 0.0, w);
@@ -49,6 +48,7 @@ pub fn recompute_w_u(
     p.check("beta", beta.len(), 1)?;
     p.check("gamma", gamma.gamma.len(), 1)?;
     p.check("seg", gamma.seg.len(), 1)?;
+    p.check("lo", gamma.lo.len(), 1)?;
     p.check("A_inv", a_inv.len(), bt)?;
     let mut w = vec![0f32; p.tokens() * hv * dk];
     let mut u = vec![0f32; p.tokens() * hv * dv];
@@ -68,8 +68,7 @@ pub fn recompute_w_u(
                     &gather_rows(k, &c, h, p.qk_head(j), dk),
                     &gather_rows(v, &c, hv, j, dv),
                     &gather_scalars(beta, &c, hv, j),
-                    &gather_scalars(&gamma.gamma, &c, hv, j),
-                    &gather_scalars(&gamma.seg, &c, hv, j),
+                    &Decays::gather(gamma, &c, hv, j),
                     &mut wc,
                     &mut uc,
                 );

@@ -171,7 +171,7 @@ pub struct Spec {
     pub dtype: DType,
     pub seed: u64,
     /// Bits picking the options: l2norm, beta logits, neg eigval, gate in kernel, state_v_first,
-    /// tiled head map, explicit scale, initial state, hard resets.
+    /// tiled head map, explicit scale, initial state, hard resets, runs of large negative gates.
     pub flags: u16,
 }
 
@@ -218,8 +218,8 @@ impl Spec {
 }
 
 /// Inputs and options for `spec`: realistic magnitudes (unit-norm keys unless l2norm is on,
-/// beta in [0, 1) or logits, negative gates), with occasional hard resets (g = -inf, -1e4) and
-/// varlen splits that include empty and one-token sequences.
+/// beta in [0, 1) or logits, negative gates), with occasional hard resets (g = -inf, -1e4), runs
+/// of gates near the reset threshold, and varlen splits that include empty and one-token sequences.
 pub fn make_case(s: &Spec) -> (Inputs<'static>, Options) {
     let mut rng = Rng::new(s.seed);
     let (b, t, h, hv, k, v) = (s.b, s.t, s.h, s.h * s.ratio, s.k, s.v);
@@ -253,8 +253,18 @@ pub fn make_case(s: &Spec) -> (Inputs<'static>, Options) {
     };
     let vv = rng.normal(b * t * hv * v, 1.0);
     let n_tok = b * t * hv;
+    let mut burst = 0;
     let g: Vec<f32> = (0..n_tok)
         .map(|_| {
+            if s.flag(9) && burst == 0 && rng.uniform() < 0.02 {
+                burst = rng.int(1, 40);
+            }
+            if burst > 0 {
+                // Runs of strongly negative gates just above the hard-reset threshold push the
+                // chunk's cumulative sum to -1000 and beyond: later decays must stay exact.
+                burst -= 1;
+                return [-39.9, -40.1, -40.0, -30.0, rng.range(-40.0, -10.0)][rng.int(0, 4)];
+            }
             if opts.gate_in_kernel {
                 rng.range(-4.0, 4.0)
             } else if s.flag(8) && rng.uniform() < 0.03 {
