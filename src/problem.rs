@@ -123,21 +123,25 @@ impl Problem {
         opts: &Options,
     ) -> Result<Problem> {
         opts.validate()?;
-        for (arg, d) in [
-            ("B", batch),
-            ("H", heads),
-            ("HV", v_heads),
-            ("K", dk),
-            ("V", dv),
+        for (arg, name, d) in [
+            ("q", "B (q.shape[0])", batch),
+            ("q", "H (q.shape[2])", heads),
+            ("q", "K (q.shape[3])", dk),
+            ("v", "HV (v.shape[2])", v_heads),
+            ("v", "V (v.shape[3])", dv),
         ] {
             if d == 0 {
-                return Err(Error::invalid(arg, "at least 1", 0));
+                return Err(Error::invalid(
+                    arg,
+                    format!("{name} >= 1"),
+                    format!("{name} = 0"),
+                ));
             }
         }
         if v_heads % heads != 0 {
             return Err(Error::invalid(
                 "v",
-                format!("HV a multiple of H = {heads}"),
+                format!("HV (v.shape[2]) a multiple of H (q.shape[2]) = {heads}"),
                 format!("HV = {v_heads}"),
             ));
         }
@@ -191,6 +195,8 @@ impl Problem {
                     .collect()
             }
         };
+        // With varlen, empty sequences make N exceed the tokens: size the states by N itself.
+        checked_numel("initial_state", &[seqs.len(), v_heads, dk, dv])?;
         let bt = opts.chunk_size;
         let mut chunks = Vec::with_capacity(tokens / bt + seqs.len());
         for (seq, &(s, e)) in seqs.iter().enumerate() {
@@ -255,6 +261,16 @@ impl Problem {
             )?;
             if s.dtype() != DType::F32 {
                 return Err(Error::invalid("initial_state", "dtype f32", s.dtype()));
+            }
+        }
+        for (arg, t) in [("A_log", &x.a_log), ("dt_bias", &x.dt_bias)] {
+            // Gate parameters without gate_in_kernel would be silently ignored: refuse them.
+            if t.is_some() && !opts.gate_in_kernel {
+                return Err(Error::invalid(
+                    arg,
+                    "none unless gate_in_kernel is on",
+                    "a tensor",
+                ));
             }
         }
         if opts.gate_in_kernel {

@@ -84,7 +84,12 @@ fn hv_not_multiple_of_h() {
         beta: t(&[2, 10, 3]),
         ..good()
     };
-    expect_err(&x, &Options::default(), "v", "multiple of H = 2");
+    expect_err(
+        &x,
+        &Options::default(),
+        "v",
+        "multiple of H (q.shape[2]) = 2",
+    );
 }
 
 #[test]
@@ -94,18 +99,30 @@ fn zero_dims() {
         k: t(&[2, 10, 2, 0]),
         ..good()
     };
-    expect_err(&x, &Options::default(), "K", "at least 1");
+    expect_err(&x, &Options::default(), "q", "K (q.shape[3]) >= 1");
     let x = Inputs {
         v: t(&[2, 10, 4, 0]),
         ..good()
     };
-    expect_err(&x, &Options::default(), "V", "at least 1");
+    expect_err(&x, &Options::default(), "v", "V (v.shape[3]) >= 1");
     let x = Inputs {
         q: t(&[2, 10, 0, 8]),
         k: t(&[2, 10, 0, 8]),
         ..good()
     };
-    expect_err(&x, &Options::default(), "H", "at least 1");
+    expect_err(&x, &Options::default(), "q", "H (q.shape[2]) >= 1");
+}
+
+#[test]
+fn zero_batch() {
+    let x = Inputs::new(
+        t(&[0, 10, 2, 8]),
+        t(&[0, 10, 2, 8]),
+        t(&[0, 10, 4, 6]),
+        t(&[0, 10, 4]),
+        t(&[0, 10, 4]),
+    );
+    expect_err(&x, &Options::default(), "q", "B (q.shape[0]) >= 1");
 }
 
 #[test]
@@ -241,6 +258,51 @@ fn gate_in_kernel_needs_a_log_and_dt_bias() {
         ..good()
     };
     forward(&Device::Cpu, &x, &opts).unwrap();
+}
+
+#[test]
+fn contradictory_options() {
+    let opts = Options {
+        allow_neg_eigval: true,
+        ..Options::default()
+    };
+    expect_err(&good(), &opts, "allow_neg_eigval", "beta_is_logits = true");
+    let x = Inputs {
+        a_log: Some(t(&[4])),
+        ..good()
+    };
+    expect_err(&x, &Options::default(), "A_log", "gate_in_kernel");
+    let x = Inputs {
+        dt_bias: Some(t(&[4])),
+        ..good()
+    };
+    expect_err(&x, &Options::default(), "dt_bias", "gate_in_kernel");
+}
+
+#[test]
+fn many_empty_sequences_cannot_overflow_the_state() {
+    // T = 0 with 1023 empty sequences: every input is empty, but N * HV * K * V overflows.
+    let x = Inputs {
+        cu_seqlens: Some(vec![0; 1 << 10]),
+        ..Inputs::new(
+            t(&[1, 0, 1, 1 << 25]),
+            t(&[1, 0, 1, 1 << 25]),
+            t(&[1, 0, 1, 1 << 30]),
+            t(&[1, 0, 1]),
+            t(&[1, 0, 1]),
+        )
+    };
+    let err = forward(&Device::Cpu, &x, &Options::default()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Overflow {
+                arg: "initial_state",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
