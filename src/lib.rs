@@ -25,6 +25,11 @@
 
 #![warn(missing_docs)]
 
+// The README's examples are compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod backend;
 pub mod cpu;
 pub mod cuda;
@@ -121,7 +126,7 @@ pub fn forward(device: &Device, x: &Inputs<'_>, opts: &Options) -> Result<Output
     let p = Problem::from_inputs(x, opts)?;
     match device {
         Device::Cpu => {
-            let f = cpu::fused_forward(&p, x, opts)?;
+            let f = cpu::fused::fused(&p, x, opts)?;
             host_output(&p, x, opts, f.o, Some(f.final_state), f.h)
         }
         Device::Cuda(d) => host_forward(d.as_ref(), &p, x, opts),

@@ -126,9 +126,7 @@ pub fn reference(x: &Inputs<'_>, opts: &Options) -> Result<Reference> {
     for (task, (ot, fin)) in results.into_iter().enumerate() {
         let (n, j) = (task / hv, task % hv);
         let t0 = p.seqs()[n].0;
-        for (i, row) in ot.chunks_exact(dv).enumerate() {
-            o[((t0 + i) * hv + j) * dv..][..dv].copy_from_slice(row);
-        }
+        crate::cpu::scatter_rows(&mut o, &ot, t0, hv, j, dv);
         final_state[task * kv..][..kv].copy_from_slice(&fin);
     }
     Ok(Reference { o, final_state })

@@ -140,7 +140,7 @@ proptest! {
         let cpu = deltanet::cpu::Cpu;
         let si = deltanet::upload_inputs(&cpu, &p, &x, &opts).unwrap();
         let staged = deltanet::chunk_forward(&cpu, &p, &opts, &si).unwrap();
-        let fused = deltanet::cpu::fused_forward(&p, &x, &opts).unwrap();
+        let fused = deltanet::cpu::fused_forward(&x, &opts).unwrap();
         prop_assert!(staged.o == fused.o, "o differs");
         prop_assert!(staged.final_state == fused.final_state, "final state differs");
         prop_assert!(Some(&staged.h) == fused.h.as_ref(), "chunk states differ");

@@ -136,9 +136,7 @@ pub fn chunk_state(
             h_all[((first_chunk + ci) * hv + j) * kv..][..kv].copy_from_slice(hc);
         }
         let s0 = p.seqs()[n].0;
-        for (ti, row) in vn.chunks_exact(dv).enumerate() {
-            v_new[((s0 + ti) * hv + j) * dv..][..dv].copy_from_slice(row);
-        }
+        super::scatter_rows(&mut v_new, &vn, s0, hv, j, dv);
         final_state[task * kv..][..kv].copy_from_slice(&fin);
     }
     Ok(ChunkStates {

@@ -14,6 +14,7 @@ use super::kkt::kkt_block;
 use super::l2norm::l2norm_row;
 use super::solve_tril::solve_tril_block;
 use super::wy::wy_block;
+use super::{gather_rows_with, scatter_rows};
 use crate::dtype::{Data, Tensor};
 use crate::error::Result;
 use crate::options::Options;
@@ -31,37 +32,22 @@ pub struct FusedOut {
     pub h: Option<Vec<f32>>,
 }
 
-fn rows_of<T: Copy>(
-    x: &[T],
-    to_f32: fn(T) -> f32,
-    c: &Chunk,
-    heads: usize,
-    head: usize,
-    width: usize,
-) -> Vec<f32> {
-    let mut out = Vec::with_capacity(c.len * width);
-    for t in c.start..c.start + c.len {
-        out.extend(
-            x[(t * heads + head) * width..][..width]
-                .iter()
-                .map(|&v| to_f32(v)),
-        );
-    }
-    out
-}
-
 /// One chunk's rows of one head of a `[tokens, heads, width]` tensor, as f32.
 fn rows(x: &Tensor<'_>, c: &Chunk, heads: usize, head: usize, width: usize) -> Vec<f32> {
     match x.data() {
-        Data::F32(d) => rows_of(d, |v| v, c, heads, head, width),
-        Data::BF16(d) => rows_of(d, bf16::to_f32, c, heads, head, width),
-        Data::F16(d) => rows_of(d, f16::to_f32, c, heads, head, width),
+        Data::F32(d) => gather_rows_with(d, |v| v, c, heads, head, width),
+        Data::BF16(d) => gather_rows_with(d, bf16::to_f32, c, heads, head, width),
+        Data::F16(d) => gather_rows_with(d, f16::to_f32, c, heads, head, width),
     }
 }
 
-/// The chunked forward on the CPU, fused (see the module doc). `x` must have been validated
-/// into `p` by [`Problem::from_inputs`] with the same `opts`.
-pub fn fused_forward(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<FusedOut> {
+/// The chunked forward on the CPU, fused (see the module doc): validates `x` against `opts`.
+pub fn fused_forward(x: &Inputs<'_>, opts: &Options) -> Result<FusedOut> {
+    fused(&Problem::from_inputs(x, opts)?, x, opts)
+}
+
+/// [`fused_forward`] on inputs already validated into `p` with the same `opts`.
+pub(crate) fn fused(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<FusedOut> {
     let (nh, hv, dk, dv) = (p.heads, p.v_heads, p.dk, p.dv);
     let kv = p.state_len();
     let scale = opts.scale_for(dk);
@@ -144,9 +130,7 @@ pub fn fused_forward(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<Fuse
     for (task, (ot, fin, hs)) in tasks.into_iter().enumerate() {
         let (n, j) = (task / hv, task % hv);
         let s0 = p.seqs()[n].0;
-        for (i, row) in ot.chunks_exact(dv).enumerate() {
-            o[((s0 + i) * hv + j) * dv..][..dv].copy_from_slice(row);
-        }
+        scatter_rows(&mut o, &ot, s0, hv, j, dv);
         final_state[task * kv..][..kv].copy_from_slice(&fin);
         if let Some(h) = &mut h {
             let first = p.seq_chunks(n).start;

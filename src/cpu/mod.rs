@@ -5,7 +5,7 @@
 mod chunk_output;
 mod chunk_state;
 mod cumsum;
-mod fused;
+pub(crate) mod fused;
 mod gate;
 mod kkt;
 mod l2norm;
@@ -16,7 +16,7 @@ mod wy;
 pub use chunk_output::chunk_output;
 pub use chunk_state::chunk_state;
 pub use cumsum::chunk_local_cumsum;
-pub use fused::fused_forward;
+pub use fused::{fused_forward, FusedOut};
 pub use gate::gate;
 pub use kkt::chunk_scaled_dot_kkt;
 pub use l2norm::l2norm;
@@ -140,6 +140,27 @@ pub(crate) fn chunk_blocks<'a>(
     blocks
 }
 
+/// The `n x width` rows of one chunk for head `head` of a `[tokens, heads, width]` buffer, as
+/// f32 (`to_f32` converts each element).
+pub(crate) fn gather_rows_with<T: Copy>(
+    x: &[T],
+    to_f32: fn(T) -> f32,
+    c: &Chunk,
+    heads: usize,
+    head: usize,
+    width: usize,
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(c.len * width);
+    for t in c.start..c.start + c.len {
+        out.extend(
+            x[(t * heads + head) * width..][..width]
+                .iter()
+                .map(|&v| to_f32(v)),
+        );
+    }
+    out
+}
+
 /// The `n x width` rows of one chunk for head `head` of a `[tokens, heads, width]` buffer.
 pub(crate) fn gather_rows(
     x: &[f32],
@@ -148,11 +169,22 @@ pub(crate) fn gather_rows(
     head: usize,
     width: usize,
 ) -> Vec<f32> {
-    let mut out = Vec::with_capacity(c.len * width);
-    for t in c.start..c.start + c.len {
-        out.extend_from_slice(&x[(t * heads + head) * width..][..width]);
+    gather_rows_with(x, |v| v, c, heads, head, width)
+}
+
+/// Writes the consecutive rows of one head, `rows` (`len x width`, tokens `first..`), into a
+/// `[tokens, heads, width]` buffer: how per-(sequence, head) results reach FLA's layout.
+pub(crate) fn scatter_rows<T: Copy>(
+    out: &mut [T],
+    rows: &[T],
+    first: usize,
+    heads: usize,
+    head: usize,
+    width: usize,
+) {
+    for (i, row) in rows.chunks_exact(width).enumerate() {
+        out[((first + i) * heads + head) * width..][..width].copy_from_slice(row);
     }
-    out
 }
 
 /// The `n` values of one chunk for head `head` of a `[tokens, heads]` buffer.

@@ -78,9 +78,7 @@ pub fn recurrent(
     for (task, out) in outs.into_iter().enumerate() {
         let (n, j) = (task / hv, task % hv);
         let t0 = p.seqs()[n].0;
-        for (i, row) in out.chunks_exact(dv).enumerate() {
-            o[((t0 + i) * hv + j) * dv..][..dv].copy_from_slice(row);
-        }
+        super::scatter_rows(&mut o, &out, t0, hv, j, dv);
     }
     Ok(o)
 }
