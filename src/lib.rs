@@ -45,7 +45,7 @@ pub use dtype::{DType, Data, Tensor};
 pub use error::{Error, Result};
 pub use forward::{activate, chunk_forward, Activated, ForwardOut};
 pub use options::{HeadMap, Options, CHUNK_SIZES};
-pub use problem::{Chunk, Inputs, Problem};
+pub use problem::{Chunk, Dims, Inputs, Problem};
 
 /// Where the computation runs.
 #[derive(Clone, Debug)]
@@ -173,7 +173,7 @@ pub fn upload_inputs<D: HostIo>(
     let up = |t: &Tensor<'_>| dev.upload(&t.to_f32());
     let h0 = match &x.initial_state {
         Some(s) if opts.state_v_first => {
-            Some(dev.upload(&transpose_states(&s.to_f32(), p.dk, p.dv, false))?)
+            Some(dev.upload(&transpose_states(&s.to_f32(), p.dk(), p.dv(), false))?)
         }
         Some(s) => Some(up(s)?),
         None => None,
@@ -215,7 +215,7 @@ fn host_output(
     final_state: Option<Vec<f32>>,
     h: Option<Vec<f32>>,
 ) -> Result<Output> {
-    let shape = vec![p.batch, p.seq_len, p.v_heads, p.dv];
+    let shape = vec![p.batch(), p.seq_len(), p.v_heads(), p.dv()];
     // f32 output takes the buffer as it is: no second copy of what can be gigabytes.
     let o = match opts.out_dtype.unwrap_or(x.q.dtype()) {
         DType::F32 => Tensor::from_f32(o, shape)?,
@@ -224,7 +224,7 @@ fn host_output(
     let final_state = match final_state {
         Some(s) if opts.output_final_state => {
             let s = if opts.state_v_first {
-                transpose_states(&s, p.dk, p.dv, true)
+                transpose_states(&s, p.dk(), p.dv(), true)
             } else {
                 s
             };
@@ -238,7 +238,7 @@ fn host_output(
     let chunk_states = match h {
         Some(h) if opts.output_chunk_states => Some(Tensor::from_f32(
             h,
-            vec![p.chunks().len(), p.v_heads, p.dk, p.dv],
+            vec![p.chunks().len(), p.v_heads(), p.dk(), p.dv()],
         )?),
         _ => None,
     };
@@ -266,9 +266,9 @@ pub fn recurrent_step(
         ));
     }
     let p = Problem::from_inputs(x, opts)?;
-    let want = p.num_seqs() * p.v_heads * p.state_len();
+    let want = p.num_seqs() * p.v_heads() * p.state_len();
     error::check_len("state", state.len(), want)?;
-    let scale = opts.scale_for(p.dk);
+    let scale = opts.scale_for(p.dk());
     let o = match device {
         Device::Cpu => {
             let si = upload_inputs(&cpu::Cpu, &p, x, opts)?;
@@ -308,7 +308,7 @@ pub fn recurrent_step(
     };
     Tensor::cast_from_f32(
         &o,
-        vec![p.batch, p.seq_len, p.v_heads, p.dv],
+        vec![p.batch(), p.seq_len(), p.v_heads(), p.dv()],
         opts.out_dtype.unwrap_or(x.q.dtype()),
     )
 }

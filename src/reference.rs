@@ -40,7 +40,7 @@ fn softplus(x: f64) -> f64 {
 /// o = S^T (scale q)`, after the optional l2norm, beta and gate activations.
 pub fn reference(x: &Inputs<'_>, opts: &Options) -> Result<Reference> {
     let p = Problem::from_inputs(x, opts)?;
-    let (nh, hv, dk, dv) = (p.heads, p.v_heads, p.dk, p.dv);
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let (mut q, mut k, v) = (to_f64(&x.q), to_f64(&x.k), to_f64(&x.v));
     if opts.use_qk_l2norm {
         l2norm_rows(&mut q, dk);

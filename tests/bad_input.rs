@@ -1,6 +1,17 @@
 //! Bad input is an `Err` naming the argument, with what was expected and what was given.
 
-use deltanet::{forward, recurrent_step, DType, Device, Error, Inputs, Options, Tensor};
+use deltanet::{forward, recurrent_step, DType, Device, Dims, Error, Inputs, Options, Tensor};
+
+fn dims(batch: usize, seq_len: usize, heads: usize, v_heads: usize, dk: usize, dv: usize) -> Dims {
+    Dims {
+        batch,
+        seq_len,
+        heads,
+        v_heads,
+        dk,
+        dv,
+    }
+}
 
 fn t(shape: &[usize]) -> Tensor<'static> {
     Tensor::from_f32(vec![0.1; shape.iter().product()], shape.to_vec()).unwrap()
@@ -338,10 +349,10 @@ fn sizes_that_overflow() {
     assert!(matches!(err, Error::Overflow { .. }), "{err}");
     // Dimensions whose product overflows, checked before anything is allocated.
     let opts = Options::default();
-    let err = deltanet::Problem::new(1 << 40, 1 << 30, 1, 1, 1, 1, None, &opts).unwrap_err();
+    let err = deltanet::Problem::new(dims(1 << 40, 1 << 30, 1, 1, 1, 1), None, &opts).unwrap_err();
     assert!(matches!(err, Error::Overflow { .. }), "{err}");
-    let err =
-        deltanet::Problem::new(1, 1 << 20, 1, 1 << 20, 1 << 12, 1 << 12, None, &opts).unwrap_err();
+    let err = deltanet::Problem::new(dims(1, 1 << 20, 1, 1 << 20, 1 << 12, 1 << 12), None, &opts)
+        .unwrap_err();
     assert!(matches!(err, Error::Overflow { .. }), "{err}");
 }
 
@@ -373,7 +384,7 @@ fn recurrent_step_checks_its_state() {
 
 #[test]
 fn stage_functions_check_buffer_lengths() {
-    let p = deltanet::Problem::new(1, 10, 1, 2, 4, 3, None, &Options::default()).unwrap();
+    let p = deltanet::Problem::new(dims(1, 10, 1, 2, 4, 3), None, &Options::default()).unwrap();
     let err = deltanet::cpu::solve_tril(&p, &[0.0; 10]).unwrap_err();
     assert!(
         err.to_string()

@@ -33,7 +33,7 @@ proptest! {
         let p = Problem::from_inputs(&x, &opts).unwrap();
         let mut state = match &x.initial_state {
             Some(s) => as_f32(s),
-            None => vec![0f32; p.num_seqs() * p.v_heads * p.state_len()],
+            None => vec![0f32; p.num_seqs() * p.v_heads() * p.state_len()],
         };
         let step = Inputs { initial_state: None, ..x.clone() };
         let o = recurrent_step(&Device::Cpu, &step, &mut state, &opts).unwrap();

@@ -26,10 +26,10 @@ fn staged(spec: &Spec) -> Staged {
     let p = Problem::from_inputs(&x, &opts).unwrap();
     let (q, k) = (as_f32(&x.q), as_f32(&x.k));
     let (q, k) = if opts.use_qk_l2norm {
-        let rows = p.tokens() * p.heads;
+        let rows = p.tokens() * p.heads();
         (
-            cpu::l2norm(&q, rows, p.dk).unwrap(),
-            cpu::l2norm(&k, rows, p.dk).unwrap(),
+            cpu::l2norm(&q, rows, p.dk()).unwrap(),
+            cpu::l2norm(&k, rows, p.dk()).unwrap(),
         )
     } else {
         (q, k)
@@ -78,7 +78,7 @@ fn decay0(gm: &Gamma<Vec<f32>>, i: usize) -> f64 {
 }
 
 fn kdot(s: &Staged, a: usize, b: usize, j: usize, x: &[f32], y: &[f32]) -> f64 {
-    let (h, dk) = (s.p.heads, s.p.dk);
+    let (h, dk) = (s.p.heads(), s.p.dk());
     let kh = s.p.qk_head(j);
     (0..dk)
         .map(|r| x[(a * h + kh) * dk + r] as f64 * y[(b * h + kh) * dk + r] as f64)
@@ -92,7 +92,7 @@ proptest! {
     fn l2norm_and_gate_follow_their_formulas(spec in spec_strategy(80, 64)) {
         let (x, opts) = make_case(&spec);
         let s = staged(&spec);
-        let dk = s.p.dk;
+        let dk = s.p.dk();
         let raw = as_f32(&x.k);
         let want: Vec<f64> = raw.chunks_exact(dk).flat_map(|row| {
             let n = (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() + 1e-6).sqrt();
@@ -101,7 +101,7 @@ proptest! {
         if opts.use_qk_l2norm {
             prop_assert!(rel_l2(&s.k, &want) <= 1e-6);
         }
-        let hv = s.p.v_heads;
+        let hv = s.p.v_heads();
         let (g_in, b_in) = (as_f32(&x.g), as_f32(&x.beta));
         for (i, (&g, &b)) in s.g.iter().zip(&s.beta).enumerate() {
             let gw = if opts.gate_in_kernel {
@@ -127,7 +127,7 @@ proptest! {
         spec.flags |= 1 << 9;
         let s = staged(&spec);
         let gm = cpu::chunk_local_cumsum(&s.p, &s.g).unwrap();
-        let hv = s.p.v_heads;
+        let hv = s.p.v_heads();
         for c in s.p.chunks() {
             for j in 0..hv {
                 let (mut acc, mut resets) = (0f64, 0f32);
@@ -149,7 +149,7 @@ proptest! {
     fn kkt_solve_tril_and_wy_follow_their_definitions(spec in spec_strategy(200, 48)) {
         let s = staged(&spec);
         let p = &s.p;
-        let (hv, bt, dk, dv) = (p.v_heads, p.chunk_size, p.dk, p.dv);
+        let (hv, bt, dk, dv) = (p.v_heads(), p.chunk_size(), p.dk(), p.dv());
         let gm = cpu::chunk_local_cumsum(p, &s.g).unwrap();
         let a = cpu::chunk_scaled_dot_kkt(p, &s.k, &s.beta, &gm).unwrap();
         let a_inv = cpu::solve_tril(p, &a).unwrap();
@@ -185,7 +185,7 @@ proptest! {
                     for l in 0..=i {
                         let coef = a_inv[at(i, l)] as f64 * s.beta[tj(l)] as f64;
                         for r in 0..dk {
-                            w_want[tj(i) * dk + r] += coef * decay0(&gm, tj(l)) * s.k[((c.start + l) * p.heads + kh) * dk + r] as f64;
+                            w_want[tj(i) * dk + r] += coef * decay0(&gm, tj(l)) * s.k[((c.start + l) * p.heads() + kh) * dk + r] as f64;
                         }
                         for col in 0..dv {
                             u_want[tj(i) * dv + col] += coef * s.v[tj(l) * dv + col] as f64;
@@ -203,7 +203,7 @@ proptest! {
     fn chunk_state_and_output_follow_their_definitions(spec in spec_strategy(200, 48)) {
         let s = staged(&spec);
         let p = &s.p;
-        let (nh, hv, dk, dv) = (p.heads, p.v_heads, p.dk, p.dv);
+        let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
         let kv = dk * dv;
         let gm = cpu::chunk_local_cumsum(p, &s.g).unwrap();
         let a = cpu::chunk_scaled_dot_kkt(p, &s.k, &s.beta, &gm).unwrap();

@@ -52,7 +52,7 @@ pub fn chunk_output(
     gamma: &Gamma<Vec<f32>>,
     scale: f32,
 ) -> Result<Vec<f32>> {
-    let (nh, hv, dk, dv) = (p.heads, p.v_heads, p.dk, p.dv);
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let kv = p.state_len();
     check_len("q", q.len(), p.tokens() * nh * dk)?;
     check_len("k", k.len(), p.tokens() * nh * dk)?;

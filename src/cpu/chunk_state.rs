@@ -76,7 +76,7 @@ pub fn chunk_state(
     gamma: &Gamma<Vec<f32>>,
     h0: Option<&[f32]>,
 ) -> Result<ChunkStates<Vec<f32>>> {
-    let (h, hv, dk, dv) = (p.heads, p.v_heads, p.dk, p.dv);
+    let (h, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let kv = p.state_len();
     check_len("k", k.len(), p.tokens() * h * dk)?;
     p.check("w", wy.w.len(), dk)?;

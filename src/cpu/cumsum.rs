@@ -37,7 +37,7 @@ pub(crate) fn cumsum_block(g: &[f32]) -> Decays {
 /// [`Gamma`]).
 pub fn chunk_local_cumsum(p: &Problem, g: &[f32]) -> Result<Gamma<Vec<f32>>> {
     p.check("g", g.len(), 1)?;
-    let hv = p.v_heads;
+    let hv = p.v_heads();
     let mut gamma = vec![0f32; g.len()];
     let mut lo = vec![0f32; g.len()];
     let mut seg = vec![0f32; g.len()];

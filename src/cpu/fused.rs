@@ -48,7 +48,7 @@ pub fn fused_forward(x: &Inputs<'_>, opts: &Options) -> Result<FusedOut> {
 
 /// [`fused_forward`] on inputs already validated into `p` with the same `opts`.
 pub(crate) fn fused(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<FusedOut> {
-    let (nh, hv, dk, dv) = (p.heads, p.v_heads, p.dk, p.dv);
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let kv = p.state_len();
     let scale = opts.scale_for(dk);
     let (a_log, dt_bias) = (

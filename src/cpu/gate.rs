@@ -73,7 +73,7 @@ pub fn gate(
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     p.check("g", g.len(), 1)?;
     p.check("beta", beta.len(), 1)?;
-    let hv = p.v_heads;
+    let hv = p.v_heads();
     let act = Activation::new(hv, opts, a_log, dt_bias)?;
     let g = g
         .iter()

@@ -30,7 +30,7 @@ pub fn chunk_scaled_dot_kkt(
     beta: &[f32],
     gamma: &Gamma<Vec<f32>>,
 ) -> Result<Vec<f32>> {
-    let (h, hv, dk, bt) = (p.heads, p.v_heads, p.dk, p.chunk_size);
+    let (h, hv, dk, bt) = (p.heads(), p.v_heads(), p.dk(), p.chunk_size());
     check_len("k", k.len(), p.tokens() * h * dk)?;
     p.check("beta", beta.len(), 1)?;
     p.check("gamma", gamma.gamma.len(), 1)?;

@@ -25,7 +25,7 @@ pub(crate) fn solve_tril_block(a: &[f32], n: usize, a_inv: &mut [f32]) {
 /// `A_inv = (I + A_strict)^-1` for every chunk block of `A_strict` (`[B, T, HV, BT]`, row stride
 /// `HV * BT`). A short last chunk is a smaller block; columns past it stay zero.
 pub fn solve_tril(p: &Problem, a_strict: &[f32]) -> Result<Vec<f32>> {
-    let (hv, bt) = (p.v_heads, p.chunk_size);
+    let (hv, bt) = (p.v_heads(), p.chunk_size());
     p.check("A_strict", a_strict.len(), bt)?;
     let mut a_inv = vec![0f32; a_strict.len()];
     chunk_blocks(p, &mut a_inv, hv * bt)

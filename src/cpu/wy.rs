@@ -42,7 +42,7 @@ pub fn recompute_w_u(
     gamma: &Gamma<Vec<f32>>,
     a_inv: &[f32],
 ) -> Result<Wy<Vec<f32>>> {
-    let (h, hv, dk, dv, bt) = (p.heads, p.v_heads, p.dk, p.dv, p.chunk_size);
+    let (h, hv, dk, dv, bt) = (p.heads(), p.v_heads(), p.dk(), p.dv(), p.chunk_size());
     check_len("k", k.len(), p.tokens() * h * dk)?;
     p.check("v", v.len(), dv)?;
     p.check("beta", beta.len(), 1)?;
