@@ -1,0 +1,102 @@
+use cudarc::driver::PushKernelArg;
+
+use super::{cfg, check, cuda_err, i, tiled, Buf, CudaDevice};
+use crate::backend::{ChunkStates, Gamma, Wy};
+use crate::error::{Error, Result};
+use crate::problem::Problem;
+
+/// State columns per block: the state tile `[K, VT]` lives in shared memory.
+const VT: usize = 16;
+
+/// Shared memory a block may use without opting in to more.
+const SHARED_LIMIT: usize = 48 * 1024;
+
+/// The sequential pass over each sequence's chunks, parallel over (sequence, value head, tile of
+/// state columns): `h`, `v_new = u - w h`, the next state and the final state.
+pub(super) fn chunk_state(
+    dev: &CudaDevice,
+    p: &Problem,
+    k: &Buf,
+    wy: &Wy<Buf>,
+    gamma: &Gamma<Buf>,
+    h0: Option<&Buf>,
+) -> Result<ChunkStates<Buf>> {
+    let (h, hv, dk, dv, bt) = (p.heads, p.v_heads, p.dk, p.dv, p.chunk_size);
+    let n = p.tokens() * hv;
+    let kv = p.state_len();
+    check("k", k, p.tokens() * h * dk)?;
+    check("w", &wy.w, n * dk)?;
+    check("u", &wy.u, n * dv)?;
+    check("gamma", &gamma.gamma, n)?;
+    check("seg", &gamma.seg, n)?;
+    if let Some(h0) = h0 {
+        check("initial_state", h0, p.num_seqs() * hv * kv)?;
+    }
+    let shared = |vt: usize| (dk * vt + bt * vt + bt) * 4;
+    let mut vt = VT.min(dv);
+    while vt > 1 && shared(vt) > SHARED_LIMIT {
+        vt /= 2;
+    }
+    if shared(vt) > SHARED_LIMIT {
+        return Err(Error::invalid(
+            "K",
+            format!(
+                "at most {} on the CUDA backend",
+                SHARED_LIMIT / 4 - 2 * bt - 1
+            ),
+            dk,
+        ));
+    }
+    let mut h_all = dev.uninit(p.chunks().len() * hv * kv, "h")?;
+    let mut v_new = dev.uninit(n * dv, "v_new")?;
+    let mut final_state = dev.uninit(p.num_seqs() * hv * kv, "final_state")?;
+    let items = p.num_seqs() * hv * dv.div_ceil(vt);
+    if final_state.is_empty() {
+        return Ok(ChunkStates {
+            h: h_all,
+            v_new,
+            final_state,
+        });
+    }
+    let t = dev.tables(p)?;
+    let f = dev.function("chunk_state", Some(bt), "chunk_state")?;
+    // Without an initial state the kernel reads none; k stands in as a valid pointer.
+    let (h0_buf, has_h0) = match h0 {
+        Some(b) => (b, 1i32),
+        None => (k, 0i32),
+    };
+    // SAFETY: the arguments match the kernel's signature; (sequence, head, tile) items cover
+    // every element of h, v_new and final_state; the shared memory asked for is what the kernel
+    // indexes.
+    unsafe {
+        dev.stream()
+            .launch_builder(&f)
+            .arg(k)
+            .arg(&wy.w)
+            .arg(&wy.u)
+            .arg(&gamma.gamma)
+            .arg(&gamma.seg)
+            .arg(h0_buf)
+            .arg(&has_h0)
+            .arg(&mut h_all)
+            .arg(&mut v_new)
+            .arg(&mut final_state)
+            .arg(&t.chunk_start)
+            .arg(&t.chunk_len)
+            .arg(&t.seq_first_chunk)
+            .arg(&i(p.num_seqs()))
+            .arg(&i(h))
+            .arg(&i(hv))
+            .arg(&i(dk))
+            .arg(&i(dv))
+            .arg(&i(vt))
+            .arg(&tiled(p))
+            .launch(cfg(items, 256, shared(vt) as u32))
+    }
+    .map_err(cuda_err("launching chunk_state"))?;
+    Ok(ChunkStates {
+        h: h_all,
+        v_new,
+        final_state,
+    })
+}
