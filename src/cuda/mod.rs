@@ -82,9 +82,7 @@ pub(crate) fn cuda_err(context: impl Into<String>) -> impl FnOnce(DriverError) -
 }
 
 fn open(ordinal: usize) -> Result<CudaDevice> {
-    let unavailable = |what: &str, e: DriverError| {
-        Error::CudaUnavailable(format!("{what}: {e}"))
-    };
+    let unavailable = |what: &str, e: DriverError| Error::CudaUnavailable(format!("{what}: {e}"));
     let ctx = CudaContext::new(ordinal).map_err(|e| unavailable("no usable GPU", e))?;
     // One stream carries all work, so cudarc's per-buffer events (for cross-stream ordering)
     // would only add cost.
@@ -139,6 +137,11 @@ impl CudaDevice {
     /// The architecture kernels are compiled for (`sm_90`).
     pub fn arch(&self) -> &str {
         &self.arch
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn memory(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().map_err(cuda_err("querying memory"))
     }
 
     /// The stream all of this device's work is queued on.

@@ -43,7 +43,11 @@ pub(super) fn recurrent(
         ("recurrent_vk", 32 * ROWS_PER_BLOCK, items)
     } else {
         let threads = dv.next_multiple_of(32).min(COLS_PER_BLOCK);
-        ("recurrent_kv", threads, p.num_seqs() * hv * dv.div_ceil(threads))
+        (
+            "recurrent_kv",
+            threads,
+            p.num_seqs() * hv * dv.div_ceil(threads),
+        )
     };
     let f = dev.function("recurrent", None, func)?;
     // SAFETY: the arguments match the kernel's signature; the sequences tile every token, so
