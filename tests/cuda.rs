@@ -468,16 +468,7 @@ fn gpu_many_sequences() {
 
 /// Inputs like the anchors': q, v ~ N(0, 1), k unit rows, in `dtype`; g = logsigmoid(U(0, 1)),
 /// beta = sigmoid(U(0, 1)), f32.
-fn bench_inputs(
-    seed: u64,
-    b: usize,
-    t: usize,
-    h: usize,
-    hv: usize,
-    dk: usize,
-    dv: usize,
-    dtype: DType,
-) -> Inputs<'static> {
+fn bench_inputs(seed: u64, [b, t, h, hv, dk, dv]: [usize; 6], dtype: DType) -> Inputs<'static> {
     let mut r = Rng::new(seed);
     let n = b * t * hv;
     let g = (0..n).map(|_| -(1.0 + (-r.uniform()).exp()).ln()).collect();
@@ -529,7 +520,7 @@ fn gpu_prefill_65536_bf16() {
     let dev = gpu_or_skip!();
     let device = Device::Cuda(dev);
     let (t, h, hv, dk, dv) = (65536, 16, 32, 128, 128);
-    let x = bench_inputs(5, 1, t, h, hv, dk, dv, DType::BF16);
+    let x = bench_inputs(5, [1, t, h, hv, dk, dv], DType::BF16);
     let opts = Options {
         out_dtype: Some(DType::F32),
         output_chunk_states: true,
@@ -573,7 +564,7 @@ fn gpu_decode_256() {
     let dev = gpu_or_skip!();
     let device = Device::Cuda(dev);
     let (n, h, hv, dk, dv) = (256, 16, 32, 128, 128);
-    let x = bench_inputs(6, n, 1, h, hv, dk, dv, DType::BF16);
+    let x = bench_inputs(6, [n, 1, h, hv, dk, dv], DType::BF16);
     let opts = Options {
         out_dtype: Some(DType::F32),
         ..Options::default()
@@ -611,7 +602,7 @@ fn gpu_large_index() {
     let (h, hv, dk, dv, tail) = (64, 64, 128, 2, 100);
     let t = 262_144 + tail;
     assert!(t * h * dk > 1 << 31);
-    let small = bench_inputs(9, 1, tail, h, hv, dk, dv, DType::F32);
+    let small = bench_inputs(9, [1, tail, h, hv, dk, dv], DType::F32);
     let embed = |s: &Tensor<'_>, per: usize| {
         let mut full = vec![0f32; t * per];
         full[(t - tail) * per..].copy_from_slice(&s.to_f32());
@@ -664,7 +655,7 @@ fn bench_forward_and_decode() {
     let d = dev.as_ref();
     for t in [32768, 65536] {
         let (h, hv, dk, dv) = (16, 32, 128, 128);
-        let x = bench_inputs(1, 1, t, h, hv, dk, dv, DType::BF16);
+        let x = bench_inputs(1, [1, t, h, hv, dk, dv], DType::BF16);
         let opts = Options::default();
         let p = Problem::from_inputs(&x, &opts).unwrap();
         let si = upload_inputs(d, &p, &x, &opts).unwrap();
@@ -684,7 +675,7 @@ fn bench_forward_and_decode() {
         );
     }
     let (n, h, hv, dk, dv) = (256, 16, 32, 128, 128);
-    let x = bench_inputs(2, n, 1, h, hv, dk, dv, DType::BF16);
+    let x = bench_inputs(2, [n, 1, h, hv, dk, dv], DType::BF16);
     let opts = Options::default();
     let p = Problem::from_inputs(&x, &opts).unwrap();
     let si = upload_inputs(d, &p, &x, &opts).unwrap();
