@@ -8,6 +8,9 @@ use crate::problem::Problem;
 /// State columns per block: the state tile `[K, VT]` lives in shared memory.
 const VT: usize = 16;
 
+/// Blocks worth having in flight (about 8 per SM of an H100/H200).
+const MIN_BLOCKS: usize = 1024;
+
 /// Shared memory a block may use without opting in to more.
 const SHARED_LIMIT: usize = 48 * 1024;
 
@@ -34,6 +37,11 @@ pub(super) fn chunk_state(
     }
     let shared = |vt: usize| (dk * vt + bt * vt + bt) * 4;
     let mut vt = VT.min(dv);
+    // The pass is sequential over chunks: with few (sequence, head) pairs, narrower tiles give
+    // the GPU enough blocks to hide memory latency.
+    while vt > 2 && p.num_seqs() * hv * dv.div_ceil(vt) < MIN_BLOCKS {
+        vt /= 2;
+    }
     while vt > 1 && shared(vt) > SHARED_LIMIT {
         vt /= 2;
     }

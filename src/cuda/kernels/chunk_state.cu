@@ -42,6 +42,7 @@ extern "C" __global__ void chunk_state(
                 const i64 t = (start + i) * hv + j;
                 const float* w_row = w + t * dk;
                 float x = u[t * dv + c0 + cc];
+#pragma unroll 4
                 for (i64 r = 0; r < dk; ++r) x = fmaf(-w_row[r], s[r * vt + cc], x);
                 vn[i * vt + cc] = x;
                 v_new[t * dv + c0 + cc] = x;
@@ -55,6 +56,7 @@ extern "C" __global__ void chunk_state(
             for (i64 e = threadIdx.x; e < dk * cw; e += blockDim.x) {
                 const i64 r = e / cw, cc = e % cw;
                 float x = s[r * vt + cc] * d_last;
+#pragma unroll 4
                 for (i64 i = 0; i < len; ++i)
                     x = fmaf(dl[i] * k[((start + i) * h + kh) * dk + r], vn[i * vt + cc], x);
                 s[r * vt + cc] = x;
