@@ -1,3 +1,4 @@
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::PushKernelArg;
 
 use super::{cfg, check, cuda_err, i, tiled, Buf, CudaDevice};
@@ -8,11 +9,8 @@ use crate::problem::Problem;
 /// State columns per block: the state tile `[K, VT]` lives in shared memory.
 const VT: usize = 16;
 
-/// Blocks worth having in flight (about 8 per SM of an H100/H200).
-const MIN_BLOCKS: usize = 1024;
-
-/// Shared memory a block may use without opting in to more.
-const SHARED_LIMIT: usize = 48 * 1024;
+/// Blocks worth having in flight (two per SM of an H100/H200: each holds a large tile).
+const MIN_BLOCKS: usize = 256;
 
 /// The sequential pass over each sequence's chunks, parallel over (sequence, value head, tile of
 /// state columns): `h`, `v_new = u - w h`, the next state and the final state.
@@ -35,26 +33,29 @@ pub(super) fn chunk_state(
     if let Some(h0) = h0 {
         check("initial_state", h0, p.num_seqs() * hv * kv)?;
     }
-    let shared = |vt: usize| (dk * vt + bt * vt + bt) * 4;
+    // Shared memory: the state tile, the v_new tile and decays, and, when they fit, the
+    // chunk's w and k rows.
+    let tile_bytes = |vt: usize| (dk * vt + bt * vt + bt) * 4;
+    let staged_bytes = 2 * bt * dk * 4;
+    let limit = dev.max_shared_per_block();
     let mut vt = VT.min(dv);
     // The pass is sequential over chunks: with few (sequence, head) pairs, narrower tiles give
-    // the GPU enough blocks to hide memory latency.
+    // the GPU more blocks to spread it over.
     while vt > 2 && p.num_seqs() * hv * dv.div_ceil(vt) < MIN_BLOCKS {
         vt /= 2;
     }
-    while vt > 1 && shared(vt) > SHARED_LIMIT {
+    while vt > 1 && tile_bytes(vt) > limit {
         vt /= 2;
     }
-    if shared(vt) > SHARED_LIMIT {
+    if tile_bytes(vt) > limit {
         return Err(Error::invalid(
             "K",
-            format!(
-                "at most {} on the CUDA backend",
-                SHARED_LIMIT / 4 - 2 * bt - 1
-            ),
+            format!("at most {} on this GPU", limit / 4 - 2 * bt - 1),
             dk,
         ));
     }
+    let staged = tile_bytes(vt) + staged_bytes <= limit;
+    let shared = tile_bytes(vt) + if staged { staged_bytes } else { 0 };
     let mut h_all = dev.uninit(p.chunks().len() * hv * kv, "h")?;
     let mut v_new = dev.uninit(n * dv, "v_new")?;
     let mut final_state = dev.uninit(p.num_seqs() * hv * kv, "final_state")?;
@@ -68,6 +69,11 @@ pub(super) fn chunk_state(
     }
     let t = dev.tables(p)?;
     let f = dev.function("chunk_state", Some(bt), "chunk_state")?;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        shared as i32,
+    )
+    .map_err(cuda_err("setting chunk_state's shared memory"))?;
     // Without an initial state the kernel reads none; k stands in as a valid pointer.
     let (h0_buf, has_h0) = match h0 {
         Some(b) => (b, 1i32),
@@ -99,7 +105,8 @@ pub(super) fn chunk_state(
             .arg(&i(dv))
             .arg(&i(vt))
             .arg(&tiled(p))
-            .launch(cfg(items, 256, shared(vt) as u32))
+            .arg(&i32::from(staged))
+            .launch(cfg(items, 256, shared as u32))
     }
     .map_err(cuda_err("launching chunk_state"))?;
     Ok(ChunkStates {

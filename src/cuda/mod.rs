@@ -20,6 +20,7 @@ mod wy;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchConfig,
     ValidAsZeroBits,
@@ -62,6 +63,7 @@ pub struct CudaDevice {
     ordinal: usize,
     arch: String,
     gpu_name: String,
+    max_shared: usize,
     functions: Mutex<HashMap<(Key, &'static str), CudaFunction>>,
     tables: Mutex<Vec<(Problem, Arc<Tables>)>>,
 }
@@ -93,12 +95,16 @@ fn open(ordinal: usize) -> Result<CudaDevice> {
         .map_err(|e| unavailable("compute capability", e))?;
     let gpu_name = ctx.name().map_err(|e| unavailable("device name", e))?;
     let stream = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
+    let max_shared = ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_err(|e| unavailable("shared memory size", e))?;
     Ok(CudaDevice {
         ctx,
         stream,
         ordinal,
         arch: format!("sm_{major}{minor}"),
         gpu_name,
+        max_shared: usize::try_from(max_shared).unwrap_or(0).max(48 * 1024),
         functions: Mutex::new(HashMap::new()),
         tables: Mutex::new(Vec::new()),
     })
@@ -142,6 +148,11 @@ impl CudaDevice {
     /// Free and total device memory in bytes.
     pub fn memory(&self) -> Result<(usize, usize)> {
         self.ctx.mem_get_info().map_err(cuda_err("querying memory"))
+    }
+
+    /// Dynamic shared memory a block may use (after opting in), in bytes.
+    pub(crate) fn max_shared_per_block(&self) -> usize {
+        self.max_shared
     }
 
     /// The stream all of this device's work is queued on.
