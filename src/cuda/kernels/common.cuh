@@ -1,0 +1,28 @@
+// Shared by every kernel source (prepended by the registry; no toolkit header is available).
+// All index arithmetic is 64-bit: a [T, H, K] buffer can exceed 2^31 elements.
+typedef long long i64;
+
+// Work items are spread over a 1-D grid of at most a few million blocks; each block loops over
+// the items it owns, so no count can hit a grid-dimension limit.
+#define BLOCK_LOOP(item, n) for (i64 item = blockIdx.x; item < (n); item += gridDim.x)
+
+// The decay from token j to token i of one chunk (see the Gamma doc in backend.rs).
+__device__ __forceinline__ float decay(float gamma_i, float seg_i, float gamma_j, float seg_j) {
+    return seg_i == seg_j ? expf(gamma_i - gamma_j) : 0.0f;
+}
+
+// The decay from the state entering a chunk to token i.
+__device__ __forceinline__ float decay0(float gamma_i, float seg_i) {
+    return seg_i == 0.0f ? expf(gamma_i) : 0.0f;
+}
+
+// The q/k head read by value head j: grouped j / (HV / H) or tiled j % H.
+__device__ __forceinline__ i64 qk_head(i64 j, i64 h, i64 hv, int tiled) {
+    return tiled ? j % h : j / (hv / h);
+}
+
+// Sum over a full warp; every lane gets the same value, in the same order on every run.
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
