@@ -207,7 +207,7 @@ fn close(label: &str, what: &str, gpu: &[f32], cpu: &[f32], tol: f64) {
 /// Entries of a `[B, T, HV, BT]` block matrix that must be exactly zero: above the diagonal
 /// (on it too for `A_strict`), past a short chunk, and across a hard reset (different `seg`).
 fn structural_zeros(label: &str, what: &str, p: &Problem, seg: &[f32], x: &[f32], strict: bool) {
-    let (hv, bt) = (p.v_heads, p.chunk_size);
+    let (hv, bt) = (p.v_heads(), p.chunk_size());
     for c in p.chunks() {
         for i in 0..c.len {
             for j in 0..hv {
@@ -252,8 +252,11 @@ fn check_stages(dev: &CudaDevice, c: &Case) {
     let gg = dev.chunk_local_cumsum(&p, &g).unwrap();
     close(label, "gamma", &down(&gg.gamma), &cg.gamma, STAGE_TOL);
     assert_eq!(down(&gg.seg), cg.seg, "{label}: seg");
+    // The same f32 additions in the same order: the error terms agree bit for bit.
+    assert_eq!(down(&gg.lo), cg.lo, "{label}: lo");
     let gamma = deltanet::Gamma {
         gamma: up(&cg.gamma),
+        lo: up(&cg.lo),
         seg: up(&cg.seg),
     };
     let c_a = cpu.chunk_scaled_dot_kkt(&p, ca.k(), &ca.beta, &cg).unwrap();
@@ -290,7 +293,7 @@ fn check_stages(dev: &CudaDevice, c: &Case) {
         &c_st.final_state,
         STAGE_TOL,
     );
-    let scale = opts.scale_for(p.dk);
+    let scale = opts.scale_for(p.dk());
     let c_o = cpu
         .chunk_output(&p, ca.q(), ca.k(), &c_st.v_new, &c_st.h, &cg, scale)
         .unwrap();
@@ -307,7 +310,7 @@ fn check_stages(dev: &CudaDevice, c: &Case) {
         .unwrap();
     close(label, "o", &down(&g_o), &c_o, STAGE_TOL);
     // The recurrent stage, both state layouts, from a random state.
-    let n_state = p.num_seqs() * p.v_heads * p.state_len();
+    let n_state = p.num_seqs() * p.v_heads() * p.state_len();
     let state0 = Rng::new(7).normal(n_state, 0.5);
     for v_first in [false, true] {
         let mut c_s = state0.clone();
@@ -710,7 +713,7 @@ fn stage_times(
     time("chunk_state", &mut || {
         d.chunk_state(p, k, &wy, &gamma, None).map(|_| ())
     });
-    let scale = opts.scale_for(p.dk);
+    let scale = opts.scale_for(p.dk());
     time("chunk_output", &mut || {
         d.chunk_output(p, a.q(), k, &st.v_new, &st.h, &gamma, scale)
             .map(|_| ())

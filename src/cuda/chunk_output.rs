@@ -17,13 +17,14 @@ pub(super) fn chunk_output(
     gamma: &Gamma<Buf>,
     scale: f32,
 ) -> Result<Buf> {
-    let (nh, hv, dk, dv, bt) = (p.heads, p.v_heads, p.dk, p.dv, p.chunk_size);
+    let (nh, hv, dk, dv, bt) = (p.heads(), p.v_heads(), p.dk(), p.dv(), p.chunk_size());
     let n = p.tokens() * hv;
     check("q", q, p.tokens() * nh * dk)?;
     check("k", k, p.tokens() * nh * dk)?;
     check("v_new", v_new, n * dv)?;
     check("h", h, p.chunks().len() * hv * p.state_len())?;
     check("gamma", &gamma.gamma, n)?;
+    check("lo", &gamma.lo, n)?;
     check("seg", &gamma.seg, n)?;
     let mut o = dev.uninit(n * dv, "o")?;
     let items = p.chunks().len() * hv;
@@ -42,6 +43,7 @@ pub(super) fn chunk_output(
             .arg(v_new)
             .arg(h)
             .arg(&gamma.gamma)
+            .arg(&gamma.lo)
             .arg(&gamma.seg)
             .arg(&mut o)
             .arg(&t.chunk_start)

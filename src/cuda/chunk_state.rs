@@ -22,13 +22,14 @@ pub(super) fn chunk_state(
     gamma: &Gamma<Buf>,
     h0: Option<&Buf>,
 ) -> Result<ChunkStates<Buf>> {
-    let (h, hv, dk, dv, bt) = (p.heads, p.v_heads, p.dk, p.dv, p.chunk_size);
+    let (h, hv, dk, dv, bt) = (p.heads(), p.v_heads(), p.dk(), p.dv(), p.chunk_size());
     let n = p.tokens() * hv;
     let kv = p.state_len();
     check("k", k, p.tokens() * h * dk)?;
     check("w", &wy.w, n * dk)?;
     check("u", &wy.u, n * dv)?;
     check("gamma", &gamma.gamma, n)?;
+    check("lo", &gamma.lo, n)?;
     check("seg", &gamma.seg, n)?;
     if let Some(h0) = h0 {
         check("initial_state", h0, p.num_seqs() * hv * kv)?;
@@ -89,6 +90,7 @@ pub(super) fn chunk_state(
             .arg(&wy.w)
             .arg(&wy.u)
             .arg(&gamma.gamma)
+            .arg(&gamma.lo)
             .arg(&gamma.seg)
             .arg(h0_buf)
             .arg(&has_h0)

@@ -15,7 +15,7 @@ pub(super) fn gate(
     a_log: Option<&Buf>,
     dt_bias: Option<&Buf>,
 ) -> Result<(Buf, Buf)> {
-    let hv = p.v_heads;
+    let hv = p.v_heads();
     let n = p.tokens() * hv;
     check("g", g, n)?;
     check("beta", beta, n)?;

@@ -14,7 +14,7 @@ pub(super) fn chunk_scaled_dot_kkt(
     beta: &Buf,
     gamma: &Gamma<Buf>,
 ) -> Result<Buf> {
-    let (h, hv, dk, bt) = (p.heads, p.v_heads, p.dk, p.chunk_size);
+    let (h, hv, dk, bt) = (p.heads(), p.v_heads(), p.dk(), p.chunk_size());
     check("k", k, p.tokens() * h * dk)?;
     check("beta", beta, p.tokens() * hv)?;
     check("gamma", &gamma.gamma, p.tokens() * hv)?;
@@ -35,6 +35,7 @@ pub(super) fn chunk_scaled_dot_kkt(
             .arg(k)
             .arg(beta)
             .arg(&gamma.gamma)
+            .arg(&gamma.lo)
             .arg(&gamma.seg)
             .arg(&mut a)
             .arg(&t.chunk_start)

@@ -271,7 +271,7 @@ pub(crate) fn check(arg: &'static str, buf: &Buf, want: usize) -> Result<()> {
 
 /// `1` for the tiled head map, `0` for grouped (the kernels' `tiled` flag).
 pub(crate) fn tiled(p: &Problem) -> i32 {
-    i32::from(p.head_map == HeadMap::Tiled)
+    i32::from(p.head_map() == HeadMap::Tiled)
 }
 
 /// i64 of a size (every size fits: [`Problem`] bounds element counts by `isize::MAX / 8`).

@@ -25,7 +25,7 @@ pub(super) fn recurrent(
     v_first: bool,
     scale: f32,
 ) -> Result<Buf> {
-    let (nh, hv, dk, dv) = (p.heads, p.v_heads, p.dk, p.dv);
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let n = p.tokens() * hv;
     check("q", q, p.tokens() * nh * dk)?;
     check("k", k, p.tokens() * nh * dk)?;

@@ -7,7 +7,7 @@ use crate::problem::Problem;
 /// `A_inv = (I + A_strict)^-1` for every chunk block, on layout `[B, T, HV, BT]`. A short last
 /// chunk is a smaller block; columns past it stay zero.
 pub(super) fn solve_tril(dev: &CudaDevice, p: &Problem, a_strict: &Buf) -> Result<Buf> {
-    let (hv, bt) = (p.v_heads, p.chunk_size);
+    let (hv, bt) = (p.v_heads(), p.chunk_size());
     check("A_strict", a_strict, p.tokens() * hv * bt)?;
     // Zeroed: the kernel writes only the lower triangle (diagonal included) of each block.
     let mut a_inv = dev.zeros(a_strict.len(), "A_inv")?;

@@ -15,12 +15,13 @@ pub(super) fn recompute_w_u(
     gamma: &Gamma<Buf>,
     a_inv: &Buf,
 ) -> Result<Wy<Buf>> {
-    let (h, hv, dk, dv, bt) = (p.heads, p.v_heads, p.dk, p.dv, p.chunk_size);
+    let (h, hv, dk, dv, bt) = (p.heads(), p.v_heads(), p.dk(), p.dv(), p.chunk_size());
     let n = p.tokens() * hv;
     check("k", k, p.tokens() * h * dk)?;
     check("v", v, n * dv)?;
     check("beta", beta, n)?;
     check("gamma", &gamma.gamma, n)?;
+    check("lo", &gamma.lo, n)?;
     check("seg", &gamma.seg, n)?;
     check("A_inv", a_inv, n * bt)?;
     let mut w = dev.uninit(n * dk, "w")?;
@@ -40,6 +41,7 @@ pub(super) fn recompute_w_u(
             .arg(v)
             .arg(beta)
             .arg(&gamma.gamma)
+            .arg(&gamma.lo)
             .arg(&gamma.seg)
             .arg(a_inv)
             .arg(&mut w)

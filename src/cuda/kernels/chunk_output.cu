@@ -11,7 +11,7 @@
 
 extern "C" __global__ void __launch_bounds__(THREADS) chunk_output(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v_new,
-    const float* __restrict__ hs, const float* __restrict__ gamma,
+    const float* __restrict__ hs, const float* __restrict__ gamma, const float* __restrict__ lo,
     const float* __restrict__ seg, float* __restrict__ o, const i64* __restrict__ chunk_start,
     const i64* __restrict__ chunk_len, i64 chunks, i64 h, i64 hv, i64 dk, i64 dv, float scale,
     int tiled) {
@@ -53,13 +53,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_output(
             float x = 0.0f;
             if (i < n && l <= i) {
                 const i64 ti = (start + i) * hv + j, tl = (start + l) * hv + j;
-                x = decay(gamma[ti], seg[ti], gamma[tl], seg[tl]) * acc[m];
+                x = decay(gamma[ti], lo[ti], seg[ti], gamma[tl], lo[tl], seg[tl]) * acc[m];
             }
             p[i][l] = x;
         }
         for (i64 i = threadIdx.x; i < n; i += THREADS) {
             const i64 ti = (start + i) * hv + j;
-            d0[i] = decay0(gamma[ti], seg[ti]);
+            d0[i] = decay0(gamma[ti], lo[ti], seg[ti]);
         }
         __syncthreads();
         const float* state = hs + (c * hv + j) * dk * dv;

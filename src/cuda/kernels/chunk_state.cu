@@ -7,7 +7,7 @@
 // serial loops below read shared memory rather than wait on global loads.
 extern "C" __global__ void chunk_state(
     const float* __restrict__ k, const float* __restrict__ w, const float* __restrict__ u,
-    const float* __restrict__ gamma, const float* __restrict__ seg,
+    const float* __restrict__ gamma, const float* __restrict__ lo, const float* __restrict__ seg,
     const float* __restrict__ h0, int has_h0, float* __restrict__ h_out,
     float* __restrict__ v_new, float* __restrict__ final_state,
     const i64* __restrict__ chunk_start, const i64* __restrict__ chunk_len,
@@ -35,7 +35,7 @@ extern "C" __global__ void chunk_state(
         for (i64 ci = seq_first_chunk[n]; ci < seq_first_chunk[n + 1]; ++ci) {
             const i64 start = chunk_start[ci], len = chunk_len[ci];
             const i64 last = (start + len - 1) * hv + j;
-            const float g_last = gamma[last], s_last = seg[last];
+            const float g_last = gamma[last], l_last = lo[last], s_last = seg[last];
             // Row i of w is w_rows + i * w_stride, row i of k is k_rows + i * k_stride.
             const float* w_rows = w + (start * hv + j) * dk;
             const float* k_rows = k + (start * h + kh) * dk;
@@ -53,7 +53,7 @@ extern "C" __global__ void chunk_state(
             }
             for (i64 i = threadIdx.x; i < len; i += blockDim.x) {
                 const i64 t = (start + i) * hv + j;
-                dl[i] = decay(g_last, s_last, gamma[t], seg[t]);
+                dl[i] = decay(g_last, l_last, s_last, gamma[t], lo[t], seg[t]);
             }
             __syncthreads();
             for (i64 e = threadIdx.x; e < dk * cw; e += blockDim.x) {
@@ -71,7 +71,7 @@ extern "C" __global__ void chunk_state(
                 v_new[t * dv + c0 + cc] = x;
             }
             __syncthreads();
-            const float d_last = decay0(g_last, s_last);
+            const float d_last = decay0(g_last, l_last, s_last);
             for (i64 e = threadIdx.x; e < dk * cw; e += blockDim.x) {
                 const i64 r = e / cw, cc = e % cw;
                 float x = s[r * vt + cc] * d_last;

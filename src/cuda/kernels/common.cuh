@@ -6,14 +6,16 @@ typedef long long i64;
 // the items it owns, so no count can hit a grid-dimension limit.
 #define BLOCK_LOOP(item, n) for (i64 item = blockIdx.x; item < (n); item += gridDim.x)
 
-// The decay from token j to token i of one chunk (see the Gamma doc in backend.rs).
-__device__ __forceinline__ float decay(float gamma_i, float seg_i, float gamma_j, float seg_j) {
-    return seg_i == seg_j ? expf(gamma_i - gamma_j) : 0.0f;
+// The decay from token j to token i of one chunk (see the Gamma doc in backend.rs): the
+// difference of the running sums plus the difference of their rounding errors.
+__device__ __forceinline__ float decay(float gamma_i, float lo_i, float seg_i, float gamma_j,
+                                       float lo_j, float seg_j) {
+    return seg_i == seg_j ? expf((gamma_i - gamma_j) + (lo_i - lo_j)) : 0.0f;
 }
 
 // The decay from the state entering a chunk to token i.
-__device__ __forceinline__ float decay0(float gamma_i, float seg_i) {
-    return seg_i == 0.0f ? expf(gamma_i) : 0.0f;
+__device__ __forceinline__ float decay0(float gamma_i, float lo_i, float seg_i) {
+    return seg_i == 0.0f ? expf(gamma_i + lo_i) : 0.0f;
 }
 
 // The q/k head read by value head j: grouped j / (HV / H) or tiled j % H.

@@ -8,7 +8,7 @@
 #define EPT ((BT * BT + THREADS - 1) / THREADS)
 
 extern "C" __global__ void __launch_bounds__(THREADS) chunk_scaled_dot_kkt(
-    const float* __restrict__ k, const float* __restrict__ beta, const float* __restrict__ gamma,
+    const float* __restrict__ k, const float* __restrict__ beta, const float* __restrict__ gamma, const float* __restrict__ lo,
     const float* __restrict__ seg, float* __restrict__ a, const i64* __restrict__ chunk_start,
     const i64* __restrict__ chunk_len, i64 chunks, i64 h, i64 hv, i64 dk, int tiled) {
     __shared__ float ks[BT][DT + 1];
@@ -42,7 +42,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_scaled_dot_kkt(
             const i64 r = e / BT, col = e % BT;
             if (r >= n || col >= r) continue;
             const i64 tr = (start + r) * hv + j, tc = (start + col) * hv + j;
-            a[tr * BT + col] = beta[tr] * acc[m] * decay(gamma[tr], seg[tr], gamma[tc], seg[tc]);
+            a[tr * BT + col] = beta[tr] * acc[m] * decay(gamma[tr], lo[tr], seg[tr], gamma[tc], lo[tc], seg[tc]);
         }
     }
 }

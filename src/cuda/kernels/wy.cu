@@ -3,7 +3,7 @@
 // produces output elements (i, d).
 extern "C" __global__ void recompute_w_u(
     const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ beta,
-    const float* __restrict__ gamma, const float* __restrict__ seg,
+    const float* __restrict__ gamma, const float* __restrict__ lo, const float* __restrict__ seg,
     const float* __restrict__ a_inv, float* __restrict__ w, float* __restrict__ u,
     const i64* __restrict__ chunk_start, const i64* __restrict__ chunk_len, i64 chunks, i64 h,
     i64 hv, i64 dk, i64 dv, int tiled) {
@@ -19,7 +19,7 @@ extern "C" __global__ void recompute_w_u(
             if (l > i) continue;
             const i64 t = (start + l) * hv + j;
             const float ab = a_inv[((start + i) * hv + j) * BT + l] * beta[t];
-            cw[i][l] = ab * decay0(gamma[t], seg[t]);
+            cw[i][l] = ab * decay0(gamma[t], lo[t], seg[t]);
             cu[i][l] = ab;
         }
         __syncthreads();
