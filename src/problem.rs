@@ -111,6 +111,7 @@ fn expect_shape(arg: &'static str, t: &Tensor<'_>, want: &[usize], names: &str) 
 impl Problem {
     /// Builds the sequence and chunk tables for `batch` rows of `seq_len` tokens, or for the
     /// varlen offsets `cu_seqlens` (which need `batch == 1`).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         batch: usize,
         seq_len: usize,
