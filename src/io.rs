@@ -444,14 +444,28 @@ impl Drop for TempGuard {
     }
 }
 
-/// Writes `tensors` (with `metadata`) as a safetensors file at `path`, atomically: the data goes
-/// to a new temporary file in the same folder, is flushed to disk, and only then renamed over
-/// `path`. On any failure the temporary file is removed and `path` is left as it was.
+/// Writes `tensors` (with `metadata`) as a safetensors file at `path`, atomically (see
+/// [`write_atomic_with`]).
 pub fn write_atomic(
     path: &Path,
     tensors: &[(&str, &Tensor<'_>)],
     metadata: HashMap<String, String>,
 ) -> Result<()> {
+    let views: Vec<(String, View<'_, '_>)> = tensors
+        .iter()
+        .map(|(n, t)| (n.to_string(), View(t)))
+        .collect();
+    write_atomic_with(path, |file| {
+        serialize_streaming(views, metadata, file)
+            .map_err(|e| Error::file(path, format!("cannot write: {e}")))
+    })
+}
+
+/// Creates a file at `path` atomically: `write` fills a new temporary file in the same folder,
+/// which is flushed to disk and only then renamed over `path`. If `write` (or anything else)
+/// fails, the temporary file is removed and `path` is left as it was: a failed run never leaves
+/// a partial output nor clobbers an existing one.
+pub fn write_atomic_with(path: &Path, write: impl FnOnce(&mut File) -> Result<()>) -> Result<()> {
     let ctx = |what: &str, e: &dyn std::fmt::Display| Error::file(path, format!("{what}: {e}"));
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -469,7 +483,7 @@ pub fn write_atomic(
     // A unique name in the same folder (so the rename stays on one filesystem), opened with
     // create_new so an existing file is never reused.
     let mut attempt = 0u32;
-    let (tmp, file) = loop {
+    let (tmp, mut file) = loop {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
@@ -492,13 +506,9 @@ pub fn write_atomic(
         }
     };
     let mut guard = TempGuard(Some(tmp.clone()));
-    let views: Vec<(String, View<'_, '_>)> = tensors
-        .iter()
-        .map(|(n, t)| (n.to_string(), View(t)))
-        .collect();
-    // Stream the tensors through our own handle (serialize_to_file would reopen the path by
-    // name, losing the create_new guarantee) and fsync before the rename.
-    serialize_streaming(views, metadata, file).map_err(|e| ctx("cannot write", &e))?;
+    write(&mut file)?;
+    file.sync_all().map_err(|e| ctx("cannot write", &e))?;
+    drop(file);
     std::fs::rename(&tmp, path).map_err(|e| ctx("cannot rename the temporary file over it", &e))?;
     guard.0 = None;
     // Make the rename itself durable; failure here cannot undo it, so it is best effort.
@@ -511,7 +521,7 @@ pub fn write_atomic(
 fn serialize_streaming(
     views: Vec<(String, View<'_, '_>)>,
     metadata: HashMap<String, String>,
-    file: File,
+    file: &mut File,
 ) -> std::io::Result<()> {
     use safetensors::View as _;
     let mut sorted = views;
@@ -547,6 +557,251 @@ fn serialize_streaming(
     for (_, v) in &sorted {
         w.write_all(&v.data())?;
     }
-    let file = w.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all()
+    w.flush()
+}
+
+/// One sequence's part of a segment: flat tokens `lo..hi` of sequence `n`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// The sequence.
+    pub n: usize,
+    /// First flat token.
+    pub lo: usize,
+    /// One past the last flat token.
+    pub hi: usize,
+}
+
+/// Splits the tokens of `p` into segments of at most `max_tokens` tokens (rounded down to a
+/// multiple of the chunk size, at least one chunk) for [`forward_to_file`]. A sequence longer
+/// than the room left is cut only at multiples of the chunk size from its start, so every
+/// segment's chunks are exactly chunks of the whole problem and the result is the same
+/// computation, carried across segments through the state.
+pub fn plan_segments(p: &Problem, max_tokens: usize) -> Vec<Vec<Piece>> {
+    let bt = p.chunk_size;
+    let m = (max_tokens / bt).max(1) * bt;
+    let (mut segs, mut cur, mut used) = (Vec::new(), Vec::new(), 0usize);
+    for (n, &(s, e)) in p.seqs().iter().enumerate() {
+        if s == e {
+            cur.push(Piece { n, lo: s, hi: s });
+            continue;
+        }
+        let mut lo = s;
+        while lo < e {
+            let room = m - used;
+            let take = if e - lo <= room {
+                e - lo
+            } else {
+                room / bt * bt
+            };
+            if take == 0 {
+                segs.push(std::mem::take(&mut cur));
+                used = 0;
+                continue;
+            }
+            cur.push(Piece {
+                n,
+                lo,
+                hi: lo + take,
+            });
+            used += take;
+            lo += take;
+            if used == m {
+                segs.push(std::mem::take(&mut cur));
+                used = 0;
+            }
+        }
+    }
+    if !cur.is_empty() {
+        segs.push(cur);
+    }
+    segs
+}
+
+/// Tokens per forward call that keep the forward's working memory near `budget` bytes.
+pub fn segment_tokens(p: &Problem, opts: &Options, budget: u128) -> usize {
+    let per_token = forward_bytes(p, opts) / (p.tokens().max(1) as u128) + 1;
+    let t = (budget / per_token).min(usize::MAX as u128) as usize;
+    t.max(p.chunk_size)
+}
+
+/// The flat tokens `lo..hi` of a `[B, T, ...]` tensor as a `[1, hi - lo, ...]` view (no copy).
+fn token_rows<'b>(t: &'b Tensor<'_>, tokens: usize, lo: usize, hi: usize) -> Result<Tensor<'b>> {
+    use crate::dtype::Data;
+    use std::borrow::Cow;
+    let per = t.numel() / tokens.max(1);
+    let (a, b) = (lo * per, hi * per);
+    let data = match t.data() {
+        Data::F32(d) => Data::F32(Cow::Borrowed(&d[a..b])),
+        Data::BF16(d) => Data::BF16(Cow::Borrowed(&d[a..b])),
+        Data::F16(d) => Data::F16(Cow::Borrowed(&d[a..b])),
+    };
+    let mut shape = vec![1, hi - lo];
+    shape.extend_from_slice(&t.shape()[2..]);
+    Tensor::new(data, shape)
+}
+
+/// Runs the forward of `x` (validated as `p`) on `device` and writes `o`, `final_state` and,
+/// with `opts.output_chunk_states`, `chunk_states` to `path` atomically, computing at most
+/// `max_tokens` tokens per call (see [`plan_segments`]) and writing each part of the output
+/// straight to the file. Memory stays bounded by one segment's work whatever the input's size;
+/// the input itself is only read (a memory map stays file-backed).
+pub fn forward_to_file(
+    device: &crate::Device,
+    x: &Inputs<'_>,
+    p: &Problem,
+    opts: &Options,
+    max_tokens: usize,
+    path: &Path,
+    metadata: HashMap<String, String>,
+) -> Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let out_dtype = opts.out_dtype.unwrap_or(x.q.dtype());
+    let (hv, dk, dv) = (p.v_heads, p.dk, p.dv);
+    let kv = p.state_len();
+    let state_bytes = (hv * kv * 4) as u64;
+    let tokens = p.tokens();
+    let state_shape = p.state_shape(opts.state_v_first);
+    let fs_len = p.num_seqs() as u64 * state_bytes;
+    let cs_len = if opts.output_chunk_states {
+        p.chunks().len() as u64 * state_bytes
+    } else {
+        0
+    };
+    let o_len = (tokens * hv * dv * out_dtype.size()) as u64;
+    // f32 tensors first, so every tensor is aligned for its element type.
+    let mut header = serde_json::Map::new();
+    if !metadata.is_empty() {
+        let m: serde_json::Map<String, Value> = metadata
+            .into_iter()
+            .map(|(k, v)| (k, Value::String(v)))
+            .collect();
+        header.insert("__metadata__".into(), Value::Object(m));
+    }
+    let st_name = |d: DType| match d {
+        DType::F32 => "F32",
+        DType::BF16 => "BF16",
+        DType::F16 => "F16",
+    };
+    header.insert(
+        "final_state".into(),
+        serde_json::json!({"dtype": "F32", "shape": state_shape, "data_offsets": [0, fs_len]}),
+    );
+    if opts.output_chunk_states {
+        header.insert(
+            "chunk_states".into(),
+            serde_json::json!({"dtype": "F32", "shape": [p.chunks().len(), hv, dk, dv],
+                "data_offsets": [fs_len, fs_len + cs_len]}),
+        );
+    }
+    header.insert(
+        "o".into(),
+        serde_json::json!({"dtype": st_name(out_dtype), "shape": [p.batch, p.seq_len, hv, dv],
+            "data_offsets": [fs_len + cs_len, fs_len + cs_len + o_len]}),
+    );
+    let mut hbytes = serde_json::to_vec(&Value::Object(header))
+        .map_err(|e| Error::file(path, format!("cannot write: {e}")))?;
+    hbytes.resize(hbytes.len().next_multiple_of(8), b' ');
+    let base = 8 + hbytes.len() as u64;
+    let (fs_off, cs_off, o_off) = (base, base + fs_len, base + fs_len + cs_len);
+
+    let h0 = x.initial_state.as_ref().map(|t| t.to_f32());
+    let seqs = p.seqs();
+    let segments = plan_segments(p, max_tokens);
+    write_atomic_with(path, |file| {
+        let io = |e: std::io::Error| Error::file(path, format!("cannot write: {e}"));
+        let mut put = |off: u64, bytes: &[u8]| -> Result<()> {
+            file.seek(SeekFrom::Start(off)).map_err(io)?;
+            file.write_all(bytes).map_err(io)
+        };
+        put(0, &(hbytes.len() as u64).to_le_bytes())?;
+        put(8, &hbytes)?;
+        let state_of = |n: usize| -> Vec<f32> {
+            match &h0 {
+                Some(h) => h[n * hv * kv..(n + 1) * hv * kv].to_vec(),
+                None => vec![0f32; hv * kv],
+            }
+        };
+        let mut carry: Option<Vec<f32>> = None;
+        for seg in &segments {
+            let (lo, hi) = match (seg.first(), seg.last()) {
+                (Some(a), Some(b)) => (a.lo, b.hi),
+                _ => continue,
+            };
+            // Each piece's state entering the segment: carried from the previous segment when
+            // it continues a sequence, else the sequence's initial state.
+            let fresh_zero = h0.is_none() && seg.iter().all(|pc| pc.lo == seqs[pc.n].0);
+            let mut init = Vec::new();
+            if !fresh_zero {
+                init.reserve(seg.len() * hv * kv);
+                for pc in seg {
+                    if pc.lo > seqs[pc.n].0 {
+                        match carry.take() {
+                            Some(c) => init.extend_from_slice(&c),
+                            None => {
+                                return Err(Error::file(path, "internal: lost a carried state"))
+                            }
+                        }
+                    } else {
+                        init.extend_from_slice(&state_of(pc.n));
+                    }
+                }
+            }
+            let finals: Vec<f32> = if lo == hi {
+                // Only empty sequences: their final state is their initial state.
+                if fresh_zero {
+                    vec![0f32; seg.len() * hv * kv]
+                } else {
+                    init
+                }
+            } else {
+                let mut cu = vec![0i64];
+                for pc in seg {
+                    cu.push((pc.hi - lo) as i64);
+                }
+                let mut shape = vec![seg.len()];
+                shape.extend_from_slice(&state_shape[1..]);
+                let xs = Inputs {
+                    q: token_rows(&x.q, tokens, lo, hi)?,
+                    k: token_rows(&x.k, tokens, lo, hi)?,
+                    v: token_rows(&x.v, tokens, lo, hi)?,
+                    g: token_rows(&x.g, tokens, lo, hi)?,
+                    beta: token_rows(&x.beta, tokens, lo, hi)?,
+                    initial_state: if fresh_zero {
+                        None
+                    } else {
+                        Some(Tensor::from_f32(init, shape)?)
+                    },
+                    cu_seqlens: Some(cu),
+                    a_log: x.a_log.clone(),
+                    dt_bias: x.dt_bias.clone(),
+                };
+                let sopts = Options {
+                    output_final_state: true,
+                    ..opts.clone()
+                };
+                let out = crate::forward(device, &xs, &sopts)?;
+                put(
+                    o_off + (lo * hv * dv * out_dtype.size()) as u64,
+                    out.o.as_bytes(),
+                )?;
+                if let Some(cs) = &out.chunk_states {
+                    let first = p.chunks().partition_point(|c| c.start < lo) as u64;
+                    put(cs_off + first * state_bytes, cs.as_bytes())?;
+                }
+                match out.final_state {
+                    Some(s) => s.to_f32().into_owned(),
+                    None => return Err(Error::file(path, "internal: no final state")),
+                }
+            };
+            for (i, pc) in seg.iter().enumerate() {
+                let s = &finals[i * hv * kv..(i + 1) * hv * kv];
+                if pc.hi == seqs[pc.n].1 {
+                    put(fs_off + pc.n as u64 * state_bytes, bytemuck::cast_slice(s))?;
+                } else {
+                    carry = Some(s.to_vec());
+                }
+            }
+        }
+        file.set_len(o_off + o_len).map_err(io)
+    })
 }

@@ -648,3 +648,81 @@ fn demo_runs_and_checks_itself() {
     assert!(o.status.success(), "{out}\n{}", stderr(&o));
     assert!(out.contains("tokens/s") && out.contains("rel err"), "{out}");
 }
+
+#[test]
+fn segmented_runs_match_whole_runs() {
+    let dir = scratch("segments");
+    for f in vector_files() {
+        let whole = dir.join("whole.safetensors");
+        let parts = dir.join("parts.safetensors");
+        for (out, seg) in [(&whole, "1000000"), (&parts, "100")] {
+            let o = deltanet(&[
+                "run",
+                "--input",
+                f.to_str().expect("utf8"),
+                "--output",
+                out.to_str().expect("utf8"),
+                "--out-dtype",
+                "f32",
+                "--device",
+                "cpu",
+                "--chunk-size",
+                "32",
+                "--intermediate-states",
+                "--segment-tokens",
+                seg,
+            ]);
+            assert!(o.status.success(), "{}: {}", f.display(), stderr(&o));
+        }
+        let (w, p) = (read_st(&whole), read_st(&parts));
+        for name in ["o", "final_state", "chunk_states"] {
+            let (a, b) = (find(&w, name), find(&p, name));
+            assert_eq!(a.2, b.2, "{}: {name} shape", f.display());
+            let b64: Vec<f64> = f32s(&b.3).iter().map(|&x| x as f64).collect();
+            let e = rel_l2(&f32s(&a.3), &b64);
+            assert!(e <= 1e-6, "{}: {name} differs by {e:e}", f.display());
+        }
+    }
+}
+
+#[test]
+fn segment_plans_tile_the_tokens_at_chunk_boundaries() {
+    use deltanet::selftest::Rng;
+    let mut rng = Rng::new(5);
+    for _ in 0..300 {
+        let t = rng.int(0, 400);
+        let n = rng.int(1, 6);
+        let mut cu: Vec<i64> = (0..n - 1).map(|_| rng.int(0, t) as i64).collect();
+        cu.push(0);
+        cu.push(t as i64);
+        cu.sort_unstable();
+        let opts = deltanet::Options {
+            chunk_size: [16, 32, 64][rng.int(0, 2)],
+            ..deltanet::Options::default()
+        };
+        let p = deltanet::Problem::new(1, t, 1, 1, 2, 2, Some(&cu), &opts).expect("problem");
+        let max = rng.int(1, 200);
+        let plan = deltanet::io::plan_segments(&p, max);
+        let bt = opts.chunk_size;
+        let cap = (max / bt).max(1) * bt;
+        let mut next = 0;
+        let mut pieces_per_seq = vec![0usize; p.num_seqs()];
+        for seg in &plan {
+            let len: usize = seg.iter().map(|pc| pc.hi - pc.lo).sum();
+            assert!(len <= cap, "segment of {len} > {cap}");
+            for pc in seg {
+                assert_eq!(pc.lo, next, "pieces must be contiguous");
+                let (s, e) = p.seqs()[pc.n];
+                assert!(s <= pc.lo && pc.hi <= e);
+                assert!(pc.lo == s || (pc.lo - s) % bt == 0, "cut inside a chunk");
+                next = pc.hi;
+                pieces_per_seq[pc.n] += 1;
+            }
+        }
+        assert_eq!(next, t);
+        assert!(
+            pieces_per_seq.iter().all(|&c| c >= 1),
+            "a sequence is missing"
+        );
+    }
+}

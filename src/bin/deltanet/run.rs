@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use deltanet::io::{self, MappedFile};
-use deltanet::{forward, DType, HeadMap, Options, Tensor};
+use deltanet::{DType, HeadMap, Options};
 
 use crate::{device_arg, open_device, CmdResult, Failure};
 
@@ -63,7 +63,15 @@ pub struct Args {
     /// How value heads map to q/k heads: grouped (FLA) or tiled (llama.cpp's Qwen3.5).
     #[arg(long, alias = "head_map", value_parser = parse_head_map)]
     head_map: Option<HeadMap>,
+    /// Tokens per forward call (rounded down to a multiple of the chunk size). Long inputs are
+    /// computed in segments, carrying each sequence's state across, so memory stays bounded;
+    /// by default a segment's working memory is about 1 GiB.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    segment_tokens: Option<u64>,
 }
+
+/// The default working memory of one forward call.
+const SEGMENT_BUDGET: u128 = 1 << 30;
 
 fn parse_dtype(s: &str) -> Result<DType, String> {
     s.parse()
@@ -161,28 +169,33 @@ pub fn main(a: Args) -> CmdResult {
     opts.output_chunk_states = a.intermediate_states;
 
     let p = pf.problem(&a.input, &opts)?;
-    io::check_memory(&a.input, &p, &opts)?;
+    let seg = match a.segment_tokens {
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        None => io::segment_tokens(&p, &opts, SEGMENT_BUDGET),
+    };
+    let seg = seg.min(p.tokens()).max(1);
+    // The memory one segment needs, checked up front so an impossible shape is an error rather
+    // than an allocation failure.
+    let seg_problem = deltanet::Problem::new(1, seg, p.heads, p.v_heads, p.dk, p.dv, None, &opts)
+        .map_err(|e| deltanet::Error::in_file(&a.input, e))?;
+    io::check_memory(&a.input, &seg_problem, &opts)?;
     let device = open_device(&a.device)?;
-    let t0 = std::time::Instant::now();
-    let out = forward(&device, &pf.inputs, &opts)
-        .map_err(|e| Failure::data(format!("{}: {e}", a.input.display())))?;
-    let ms = t0.elapsed().as_secs_f64() * 1e3;
-
-    let mut tensors: Vec<(&str, &Tensor<'_>)> = vec![("o", &out.o)];
-    if let Some(s) = &out.final_state {
-        tensors.push(("final_state", s));
-    }
-    if let Some(h) = &out.chunk_states {
-        tensors.push(("chunk_states", h));
-    }
     let mut meta = options_metadata(&opts);
     meta.insert(
         "device".into(),
         serde_json::Value::String(device.name()).to_string(),
     );
-    io::write_atomic(&a.output, &tensors, meta)?;
+    let segments = io::plan_segments(&p, seg).len();
+    let t0 = std::time::Instant::now();
+    io::forward_to_file(&device, &pf.inputs, &p, &opts, seg, &a.output, meta).map_err(
+        |e| match e {
+            deltanet::Error::File { .. } => Failure::from(e),
+            other => Failure::data(format!("{}: {other}", a.input.display())),
+        },
+    )?;
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
     eprintln!(
-        "{}: B={} T={} H={} HV={} K={} V={} ({} sequences) on {} in {ms:.1} ms -> {} (o {})",
+        "{}: B={} T={} H={} HV={} K={} V={} ({} sequences, {segments} segment(s)) on {} in {ms:.1} ms -> {} (o {})",
         a.input.display(),
         p.batch,
         p.seq_len,
@@ -193,7 +206,7 @@ pub fn main(a: Args) -> CmdResult {
         p.num_seqs(),
         device.name(),
         a.output.display(),
-        out.o.dtype(),
+        opts.out_dtype.unwrap_or(pf.inputs.q.dtype()),
     );
     Ok(ExitCode::SUCCESS)
 }
