@@ -25,7 +25,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Number of random problems.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 50)]
     count: usize,
 }
 
