@@ -20,6 +20,7 @@ enum Work {
     /// One recurrent step of B sequences (T = 1) updating their states in place.
     Decode,
     /// The tri-solve invert of every chunk block.
+    #[value(name = "solve_tril", alias = "solve-tril")]
     SolveTril,
     /// All of the above.
     All,
