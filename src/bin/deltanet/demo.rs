@@ -4,7 +4,10 @@ use std::process::ExitCode;
 
 use deltanet::reference::rel_l2;
 use deltanet::selftest::{forward_tolerance, layer_inputs, Rng};
-use deltanet::{forward, recurrent_step, DType, Inputs, Options};
+use deltanet::{
+    chunk_forward, cpu, forward, recurrent_step, upload_inputs, DType, Device, HostIo, Inputs,
+    Options, Problem,
+};
 
 use crate::{device_arg, open_device, CmdResult, Failure};
 
@@ -43,6 +46,16 @@ pub fn main(a: Args) -> CmdResult {
         ..Options::default()
     };
 
+    // A short warm-up first, so one-time costs (GPU kernel compilation, thread pools) are not
+    // counted as the layer's time.
+    let warm = layer_inputs(
+        &mut Rng::new(a.seed ^ 1),
+        [b, 64.min(t), h, hv, k, v],
+        DType::BF16,
+        true,
+    )?;
+    forward(&device, &warm, &opts)?;
+
     let t0 = std::time::Instant::now();
     let out = forward(&device, &x, &opts)?;
     let chunk_s = t0.elapsed().as_secs_f64();
@@ -50,6 +63,14 @@ pub fn main(a: Args) -> CmdResult {
         "chunked:  {:.1} ms, {:.0} tokens/s (host to host, including transfers)",
         chunk_s * 1e3,
         t as f64 / chunk_s
+    );
+    let dev_ms = match &device {
+        Device::Cpu => device_ms(&cpu::Cpu, &x, &opts)?,
+        Device::Cuda(d) => device_ms(d.as_ref(), &x, &opts)?,
+    };
+    println!(
+        "          {dev_ms:.1} ms, {:.0} tokens/s on the device (inputs already there)",
+        t as f64 / (dev_ms / 1e3)
     );
 
     let mut state = vec![0f32; b * hv * k * v];
@@ -84,4 +105,12 @@ pub fn main(a: Args) -> CmdResult {
             "chunked and recurrent results disagree: o {eo:.2e}, final_state {es:.2e} > {bound:.0e}"
         )))
     }
+}
+
+/// The chunked forward's time on the device alone (device events on a GPU).
+fn device_ms<D: HostIo>(dev: &D, x: &Inputs<'_>, opts: &Options) -> deltanet::Result<f64> {
+    let p = Problem::from_inputs(x, opts)?;
+    let si = upload_inputs(dev, &p, x, opts)?;
+    dev.synchronize()?;
+    dev.time_ms(&mut || chunk_forward(dev, &p, opts, &si).map(|_| ()))
 }
