@@ -8,24 +8,34 @@ use crate::problem::Problem;
 /// A gate with exp(g) below e^-40 is treated as a hard reset of the state (exactly zero decay).
 ///
 /// Why: the chunked form exponentiates differences of the within-chunk cumulative sum `gamma`.
-/// After a very negative gate (g = -1e4, or -inf) that sum is huge and f32 can no longer resolve
-/// the small gates that follow, so every later decay in the chunk would lose digits (or become
-/// -inf - -inf = NaN). Restarting the sum at such a token and remembering that a reset happened
-/// keeps every difference small. e^-40 is about 4e-18, far below f32's resolution of anything the
-/// state is added to, so zeroing it changes results by less than rounding does.
+/// After g = -inf that difference would be -inf - -inf = NaN, and after g = -1e4 the sum is so
+/// large that the small gates after it vanish in its rounding. Restarting the sum at such a token
+/// and remembering that a reset happened keeps every difference defined and small. e^-40 is about
+/// 4e-18, far below f32's resolution of anything the state is added to, so zeroing it changes
+/// results by less than rounding does.
 pub const RESET_LOG_DECAY: f32 = -40.0;
 
-/// The within-chunk cumulative gate: `gamma[t] = sum of g over the chunk's tokens up to t`,
-/// restarted after every hard reset (see [`RESET_LOG_DECAY`]); `seg[t]` counts the resets in the
-/// chunk up to and including t (small integers, stored as f32 to share the buffer type).
+/// The within-chunk cumulative gate, as FLA's `gamma = cumsum(g)` plus what makes its
+/// differences exact.
 ///
-/// The decay from token j to token i of one chunk (j <= i) is `exp(gamma[i] - gamma[j])` when
-/// `seg[i] == seg[j]` and 0 otherwise; from the state entering the chunk to token i it is
-/// `exp(gamma[i])` when `seg[i] == 0` and 0 otherwise. Layout `[B, T, HV]` for both.
+/// - `gamma[t]`: the sum of g over the chunk's tokens up to t, restarted after every hard reset
+///   (see [`RESET_LOG_DECAY`]).
+/// - `lo[t]`: the rounding error of that f32 running sum, accumulated exactly (TwoSum), so that
+///   `gamma + lo` is the sum to about f32 precision *of the differences*. Without it, a chunk
+///   whose gates add up to -500 resolves later decays only to about 3e-5.
+/// - `seg[t]`: the resets in the chunk up to and including t (small integers, stored as f32 to
+///   share the buffer type).
+///
+/// The decay from token j to token i of one chunk (j <= i) is
+/// `exp((gamma[i] - gamma[j]) + (lo[i] - lo[j]))` when `seg[i] == seg[j]` and 0 otherwise; from
+/// the state entering the chunk to token i it is `exp(gamma[i] + lo[i])` when `seg[i] == 0` and 0
+/// otherwise. Layout `[B, T, HV]` for all three.
 #[derive(Clone, Debug)]
 pub struct Gamma<B> {
     /// Cumulative log decay within the chunk (and within the reset segment).
     pub gamma: B,
+    /// Accumulated rounding error of `gamma`.
+    pub lo: B,
     /// Hard resets so far in the chunk.
     pub seg: B,
 }
@@ -94,7 +104,8 @@ pub trait Backend {
         dt_bias: Option<&Self::Buf>,
     ) -> Result<(Self::Buf, Self::Buf)>;
 
-    /// `gamma = cumsum(g)` within each chunk (see [`Gamma`]).
+    /// `gamma = cumsum(g)` within each chunk, with its error term and reset count (see
+    /// [`Gamma`]).
     fn chunk_local_cumsum(&self, p: &Problem, g: &Self::Buf) -> Result<Gamma<Self::Buf>>;
 
     /// `A_strict[i, j] = beta_i (k_i . k_j) exp(gamma_i - gamma_j)` for i > j in one chunk, zero

@@ -45,9 +45,12 @@ pub fn activate<'a, D: Backend>(
     opts: &Options,
     x: &'a StageInputs<D::Buf>,
 ) -> Result<Activated<'a, D::Buf>> {
-    let rows = p.tokens() * p.heads;
+    let rows = p.tokens() * p.heads();
     let qk = if opts.use_qk_l2norm {
-        Some((dev.l2norm(&x.q, rows, p.dk)?, dev.l2norm(&x.k, rows, p.dk)?))
+        Some((
+            dev.l2norm(&x.q, rows, p.dk())?,
+            dev.l2norm(&x.k, rows, p.dk())?,
+        ))
     } else {
         None
     };
@@ -73,6 +76,6 @@ pub fn chunk_forward<D: Backend>(
         v_new,
         final_state,
     } = dev.chunk_state(p, k, &wy, &gamma, x.h0.as_ref())?;
-    let o = dev.chunk_output(p, q, k, &v_new, &h, &gamma, opts.scale_for(p.dk))?;
+    let o = dev.chunk_output(p, q, k, &v_new, &h, &gamma, opts.scale_for(p.dk()))?;
     Ok(ForwardOut { o, h, final_state })
 }

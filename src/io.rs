@@ -343,11 +343,11 @@ impl ProblemFile<'_> {
     pub fn problem(&self, path: &Path, opts: &Options) -> Result<Problem> {
         let p = Problem::from_inputs(&self.inputs, opts).map_err(|e| Error::in_file(path, e))?;
         for (name, r, want) in [
-            ("o_ref", &self.o_ref, p.tokens() * p.v_heads * p.dv),
+            ("o_ref", &self.o_ref, p.tokens() * p.v_heads() * p.dv()),
             (
                 "final_state_ref",
                 &self.final_state_ref,
-                p.num_seqs() * p.v_heads * p.state_len(),
+                p.num_seqs() * p.v_heads() * p.state_len(),
             ),
         ] {
             if let Some(r) = r {
@@ -368,11 +368,11 @@ impl ProblemFile<'_> {
 pub fn forward_bytes(p: &Problem, opts: &Options) -> u128 {
     let tokens = p.tokens() as u128;
     let (h, hv, k, v, bt) = (
-        p.heads as u128,
-        p.v_heads as u128,
-        p.dk as u128,
-        p.dv as u128,
-        p.chunk_size as u128,
+        p.heads() as u128,
+        p.v_heads() as u128,
+        p.dk() as u128,
+        p.dv() as u128,
+        p.chunk_size() as u128,
     );
     let states = (p.num_seqs() as u128) * hv * k * v;
     let per_token = 4 * h * k + hv * (3 * v + k + 2 * bt + 8);
@@ -404,7 +404,7 @@ pub fn check_memory(path: &Path, p: &Problem, opts: &Options) -> Result<()> {
                 path,
                 format!(
                     "shapes too large to allocate: B={} T={} H={} HV={} K={} V={} need about {:.1} GiB, {:.1} GiB available",
-                    p.batch, p.seq_len, p.heads, p.v_heads, p.dk, p.dv, gib(need), gib(avail)
+                    p.batch(), p.seq_len(), p.heads(), p.v_heads(), p.dk(), p.dv(), gib(need), gib(avail)
                 ),
             ));
         }
@@ -577,7 +577,7 @@ pub struct Piece {
 /// segment's chunks are exactly chunks of the whole problem and the result is the same
 /// computation, carried across segments through the state.
 pub fn plan_segments(p: &Problem, max_tokens: usize) -> Vec<Vec<Piece>> {
-    let bt = p.chunk_size;
+    let bt = p.chunk_size();
     let m = (max_tokens / bt).max(1) * bt;
     let (mut segs, mut cur, mut used) = (Vec::new(), Vec::new(), 0usize);
     for (n, &(s, e)) in p.seqs().iter().enumerate() {
@@ -621,7 +621,7 @@ pub fn plan_segments(p: &Problem, max_tokens: usize) -> Vec<Vec<Piece>> {
 pub fn segment_tokens(p: &Problem, opts: &Options, budget: u128) -> usize {
     let per_token = forward_bytes(p, opts) / (p.tokens().max(1) as u128) + 1;
     let t = (budget / per_token).min(usize::MAX as u128) as usize;
-    t.max(p.chunk_size)
+    t.max(p.chunk_size())
 }
 
 /// The flat tokens `lo..hi` of a `[B, T, ...]` tensor as a `[1, hi - lo, ...]` view (no copy).
@@ -656,7 +656,7 @@ pub fn forward_to_file(
 ) -> Result<()> {
     use std::io::{Seek, SeekFrom};
     let out_dtype = opts.out_dtype.unwrap_or(x.q.dtype());
-    let (hv, dk, dv) = (p.v_heads, p.dk, p.dv);
+    let (hv, dk, dv) = (p.v_heads(), p.dk(), p.dv());
     let kv = p.state_len();
     let state_bytes = (hv * kv * 4) as u64;
     let tokens = p.tokens();
@@ -695,7 +695,7 @@ pub fn forward_to_file(
     }
     header.insert(
         "o".into(),
-        serde_json::json!({"dtype": st_name(out_dtype), "shape": [p.batch, p.seq_len, hv, dv],
+        serde_json::json!({"dtype": st_name(out_dtype), "shape": [p.batch(), p.seq_len(), hv, dv],
             "data_offsets": [fs_len + cs_len, fs_len + cs_len + o_len]}),
     );
     let mut hbytes = serde_json::to_vec(&Value::Object(header))

@@ -25,6 +25,11 @@
 
 #![warn(missing_docs)]
 
+// The README's examples are compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod backend;
 pub mod cpu;
 pub mod cuda;
@@ -42,7 +47,7 @@ pub use dtype::{DType, Data, Tensor};
 pub use error::{Error, Result};
 pub use forward::{activate, chunk_forward, Activated, ForwardOut};
 pub use options::{HeadMap, Options, CHUNK_SIZES};
-pub use problem::{Chunk, Inputs, Problem};
+pub use problem::{Chunk, Dims, Inputs, Problem};
 
 /// Where the computation runs.
 #[derive(Clone, Debug)]
@@ -122,7 +127,10 @@ pub(crate) fn transpose_states(s: &[f32], dk: usize, dv: usize, to_v_first: bool
 pub fn forward(device: &Device, x: &Inputs<'_>, opts: &Options) -> Result<Output> {
     let p = Problem::from_inputs(x, opts)?;
     match device {
-        Device::Cpu => host_forward(&cpu::Cpu, &p, x, opts),
+        Device::Cpu => {
+            let f = cpu::fused::fused(&p, x, opts)?;
+            host_output(&p, x, opts, f.o, Some(f.final_state), f.h)
+        }
         Device::Cuda(d) => host_forward(d.as_ref(), &p, x, opts),
     }
 }
@@ -167,7 +175,7 @@ pub fn upload_inputs<D: HostIo>(
     let up = |t: &Tensor<'_>| dev.upload(&t.to_f32());
     let h0 = match &x.initial_state {
         Some(s) if opts.state_v_first => {
-            Some(dev.upload(&transpose_states(&s.to_f32(), p.dk, p.dv, false))?)
+            Some(dev.upload(&transpose_states(&s.to_f32(), p.dk(), p.dv(), false))?)
         }
         Some(s) => Some(up(s)?),
         None => None,
@@ -187,34 +195,54 @@ pub fn upload_inputs<D: HostIo>(
 fn host_forward<D: HostIo>(dev: &D, p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<Output> {
     let si = upload_inputs(dev, p, x, opts)?;
     let out = chunk_forward(dev, p, opts, &si)?;
-    let o = dev.download(&out.o)?;
-    let o = Tensor::cast_from_f32(
-        &o,
-        vec![p.batch, p.seq_len, p.v_heads, p.dv],
-        opts.out_dtype.unwrap_or(x.q.dtype()),
-    )?;
     let final_state = if opts.output_final_state {
-        let s = dev.download(&out.final_state)?;
-        let s = if opts.state_v_first {
-            transpose_states(&s, p.dk, p.dv, true)
-        } else {
-            s
-        };
-        Some(Tensor::from_f32(
-            s,
-            p.state_shape(opts.state_v_first).to_vec(),
-        )?)
+        Some(dev.download(&out.final_state)?)
     } else {
         None
     };
-    let chunk_states = if opts.output_chunk_states {
-        let h = dev.download(&out.h)?;
-        Some(Tensor::from_f32(
-            h,
-            vec![p.chunks().len(), p.v_heads, p.dk, p.dv],
-        )?)
+    let h = if opts.output_chunk_states {
+        Some(dev.download(&out.h)?)
     } else {
         None
+    };
+    host_output(p, x, opts, dev.download(&out.o)?, final_state, h)
+}
+
+/// Host tensors of the forward's results, in the layouts and dtypes the options ask for.
+fn host_output(
+    p: &Problem,
+    x: &Inputs<'_>,
+    opts: &Options,
+    o: Vec<f32>,
+    final_state: Option<Vec<f32>>,
+    h: Option<Vec<f32>>,
+) -> Result<Output> {
+    let shape = vec![p.batch(), p.seq_len(), p.v_heads(), p.dv()];
+    // f32 output takes the buffer as it is: no second copy of what can be gigabytes.
+    let o = match opts.out_dtype.unwrap_or(x.q.dtype()) {
+        DType::F32 => Tensor::from_f32(o, shape)?,
+        dtype => Tensor::cast_from_f32(&o, shape, dtype)?,
+    };
+    let final_state = match final_state {
+        Some(s) if opts.output_final_state => {
+            let s = if opts.state_v_first {
+                transpose_states(&s, p.dk(), p.dv(), true)
+            } else {
+                s
+            };
+            Some(Tensor::from_f32(
+                s,
+                p.state_shape(opts.state_v_first).to_vec(),
+            )?)
+        }
+        _ => None,
+    };
+    let chunk_states = match h {
+        Some(h) if opts.output_chunk_states => Some(Tensor::from_f32(
+            h,
+            vec![p.chunks().len(), p.v_heads(), p.dk(), p.dv()],
+        )?),
+        _ => None,
     };
     Ok(Output {
         o,
@@ -240,9 +268,9 @@ pub fn recurrent_step(
         ));
     }
     let p = Problem::from_inputs(x, opts)?;
-    let want = p.num_seqs() * p.v_heads * p.state_len();
+    let want = p.num_seqs() * p.v_heads() * p.state_len();
     error::check_len("state", state.len(), want)?;
-    let scale = opts.scale_for(p.dk);
+    let scale = opts.scale_for(p.dk());
     let o = match device {
         Device::Cpu => {
             let si = upload_inputs(&cpu::Cpu, &p, x, opts)?;
@@ -282,7 +310,7 @@ pub fn recurrent_step(
     };
     Tensor::cast_from_f32(
         &o,
-        vec![p.batch, p.seq_len, p.v_heads, p.dv],
+        vec![p.batch(), p.seq_len(), p.v_heads(), p.dv()],
         opts.out_dtype.unwrap_or(x.q.dtype()),
     )
 }

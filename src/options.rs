@@ -28,7 +28,8 @@ impl std::str::FromStr for HeadMap {
     }
 }
 
-/// Options of the forward and the recurrent step. `Options::default()` is FLA's default call.
+/// Options of the forward and the recurrent step. `Options::default()` is FLA's default call,
+/// except that the final state is returned (`output_final_state: true`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
     /// Multiplies q; `None` means `1/sqrt(K)`.
@@ -90,6 +91,13 @@ impl Options {
                 "chunk_size",
                 "16, 32 or 64",
                 self.chunk_size,
+            ));
+        }
+        if self.allow_neg_eigval && !self.beta_is_logits {
+            return Err(Error::invalid(
+                "allow_neg_eigval",
+                "beta_is_logits = true (it doubles sigmoid(beta))",
+                "beta_is_logits = false",
             ));
         }
         if let Some(s) = self.scale {

@@ -63,9 +63,9 @@ pub struct Chunk {
     pub len: usize,
 }
 
-/// Validated dimensions, sequence table and chunk table of one forward call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Problem {
+/// The sizes of one problem, by FLA's letters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Dims {
     /// Batch size B.
     pub batch: usize,
     /// Tokens per batch row T.
@@ -78,10 +78,16 @@ pub struct Problem {
     pub dk: usize,
     /// Value dimension V.
     pub dv: usize,
-    /// Tokens per chunk BT.
-    pub chunk_size: usize,
-    /// Value head to q/k head map.
-    pub head_map: HeadMap,
+}
+
+/// Validated dimensions, sequence table and chunk table of one forward call. Built only by
+/// [`Problem::new`] or [`Problem::from_inputs`] and read-only afterwards, so every stage can
+/// trust it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    dims: Dims,
+    chunk_size: usize,
+    head_map: HeadMap,
     seqs: Vec<(usize, usize)>,
     chunks: Vec<Chunk>,
 }
@@ -109,35 +115,37 @@ fn expect_shape(arg: &'static str, t: &Tensor<'_>, want: &[usize], names: &str) 
 }
 
 impl Problem {
-    /// Builds the sequence and chunk tables for `batch` rows of `seq_len` tokens, or for the
-    /// varlen offsets `cu_seqlens` (which need `batch == 1`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        batch: usize,
-        seq_len: usize,
-        heads: usize,
-        v_heads: usize,
-        dk: usize,
-        dv: usize,
-        cu_seqlens: Option<&[i64]>,
-        opts: &Options,
-    ) -> Result<Problem> {
+    /// Builds the sequence and chunk tables for `dims.batch` rows of `dims.seq_len` tokens, or
+    /// for the varlen offsets `cu_seqlens` (which need `batch == 1`).
+    pub fn new(dims: Dims, cu_seqlens: Option<&[i64]>, opts: &Options) -> Result<Problem> {
+        let Dims {
+            batch,
+            seq_len,
+            heads,
+            v_heads,
+            dk,
+            dv,
+        } = dims;
         opts.validate()?;
-        for (arg, d) in [
-            ("B", batch),
-            ("H", heads),
-            ("HV", v_heads),
-            ("K", dk),
-            ("V", dv),
+        for (arg, name, d) in [
+            ("q", "B (q.shape[0])", batch),
+            ("q", "H (q.shape[2])", heads),
+            ("q", "K (q.shape[3])", dk),
+            ("v", "HV (v.shape[2])", v_heads),
+            ("v", "V (v.shape[3])", dv),
         ] {
             if d == 0 {
-                return Err(Error::invalid(arg, "at least 1", 0));
+                return Err(Error::invalid(
+                    arg,
+                    format!("{name} >= 1"),
+                    format!("{name} = 0"),
+                ));
             }
         }
         if v_heads % heads != 0 {
             return Err(Error::invalid(
                 "v",
-                format!("HV a multiple of H = {heads}"),
+                format!("HV (v.shape[2]) a multiple of H (q.shape[2]) = {heads}"),
                 format!("HV = {v_heads}"),
             ));
         }
@@ -191,6 +199,8 @@ impl Problem {
                     .collect()
             }
         };
+        // With varlen, empty sequences make N exceed the tokens: size the states by N itself.
+        checked_numel("initial_state", &[seqs.len(), v_heads, dk, dv])?;
         let bt = opts.chunk_size;
         let mut chunks = Vec::with_capacity(tokens / bt + seqs.len());
         for (seq, &(s, e)) in seqs.iter().enumerate() {
@@ -202,12 +212,7 @@ impl Problem {
             }
         }
         Ok(Problem {
-            batch,
-            seq_len,
-            heads,
-            v_heads,
-            dk,
-            dv,
+            dims,
             chunk_size: bt,
             head_map: opts.head_map,
             seqs,
@@ -229,7 +234,15 @@ impl Problem {
             ));
         }
         let (hv, dv) = (v[2], v[3]);
-        let p = Problem::new(b, t, h, hv, dk, dv, x.cu_seqlens.as_deref(), opts)?;
+        let dims = Dims {
+            batch: b,
+            seq_len: t,
+            heads: h,
+            v_heads: hv,
+            dk,
+            dv,
+        };
+        let p = Problem::new(dims, x.cu_seqlens.as_deref(), opts)?;
         if x.k.dtype() != x.q.dtype() {
             return Err(Error::invalid(
                 "k",
@@ -257,6 +270,16 @@ impl Problem {
                 return Err(Error::invalid("initial_state", "dtype f32", s.dtype()));
             }
         }
+        for (arg, t) in [("A_log", &x.a_log), ("dt_bias", &x.dt_bias)] {
+            // Gate parameters without gate_in_kernel would be silently ignored: refuse them.
+            if t.is_some() && !opts.gate_in_kernel {
+                return Err(Error::invalid(
+                    arg,
+                    "none unless gate_in_kernel is on",
+                    "a tensor",
+                ));
+            }
+        }
         if opts.gate_in_kernel {
             for (arg, t) in [("A_log", &x.a_log), ("dt_bias", &x.dt_bias)] {
                 match t {
@@ -274,9 +297,54 @@ impl Problem {
         Ok(p)
     }
 
+    /// The sizes.
+    pub fn dims(&self) -> Dims {
+        self.dims
+    }
+
+    /// Batch size B.
+    pub fn batch(&self) -> usize {
+        self.dims.batch
+    }
+
+    /// Tokens per batch row T.
+    pub fn seq_len(&self) -> usize {
+        self.dims.seq_len
+    }
+
+    /// q/k heads H.
+    pub fn heads(&self) -> usize {
+        self.dims.heads
+    }
+
+    /// Value heads HV.
+    pub fn v_heads(&self) -> usize {
+        self.dims.v_heads
+    }
+
+    /// Key dimension K.
+    pub fn dk(&self) -> usize {
+        self.dims.dk
+    }
+
+    /// Value dimension V.
+    pub fn dv(&self) -> usize {
+        self.dims.dv
+    }
+
+    /// Tokens per chunk BT.
+    pub fn chunk_size(&self) -> usize {
+        self.chunk_size
+    }
+
+    /// Value head to q/k head map.
+    pub fn head_map(&self) -> HeadMap {
+        self.head_map
+    }
+
     /// Total tokens, `B * T`.
     pub fn tokens(&self) -> usize {
-        self.batch * self.seq_len
+        self.dims.batch * self.dims.seq_len
     }
 
     /// Number of sequences N: B, or `len(cu_seqlens) - 1`.
@@ -304,17 +372,27 @@ impl Problem {
     /// The q/k head read by value head `j`.
     pub fn qk_head(&self, j: usize) -> usize {
         match self.head_map {
-            HeadMap::Grouped => j / (self.v_heads / self.heads),
-            HeadMap::Tiled => j % self.heads,
+            HeadMap::Grouped => j / (self.dims.v_heads / self.dims.heads),
+            HeadMap::Tiled => j % self.dims.heads,
         }
     }
 
     /// The shape of initial and final states.
     pub fn state_shape(&self, v_first: bool) -> [usize; 4] {
         if v_first {
-            [self.num_seqs(), self.v_heads, self.dv, self.dk]
+            [
+                self.num_seqs(),
+                self.dims.v_heads,
+                self.dims.dv,
+                self.dims.dk,
+            ]
         } else {
-            [self.num_seqs(), self.v_heads, self.dk, self.dv]
+            [
+                self.num_seqs(),
+                self.dims.v_heads,
+                self.dims.dk,
+                self.dims.dv,
+            ]
         }
     }
 
@@ -328,11 +406,11 @@ impl Problem {
 
     /// Elements of one K x V state.
     pub fn state_len(&self) -> usize {
-        self.dk * self.dv
+        self.dims.dk * self.dims.dv
     }
 
     /// Checks that a flat f32 buffer given to a stage has the length its layout implies.
     pub(crate) fn check(&self, arg: &'static str, got: usize, per_token_head: usize) -> Result<()> {
-        check_len(arg, got, self.tokens() * self.v_heads * per_token_head)
+        check_len(arg, got, self.tokens() * self.dims.v_heads * per_token_head)
     }
 }

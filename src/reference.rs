@@ -40,7 +40,7 @@ fn softplus(x: f64) -> f64 {
 /// o = S^T (scale q)`, after the optional l2norm, beta and gate activations.
 pub fn reference(x: &Inputs<'_>, opts: &Options) -> Result<Reference> {
     let p = Problem::from_inputs(x, opts)?;
-    let (nh, hv, dk, dv) = (p.heads, p.v_heads, p.dk, p.dv);
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let (mut q, mut k, v) = (to_f64(&x.q), to_f64(&x.k), to_f64(&x.v));
     if opts.use_qk_l2norm {
         l2norm_rows(&mut q, dk);
@@ -126,9 +126,7 @@ pub fn reference(x: &Inputs<'_>, opts: &Options) -> Result<Reference> {
     for (task, (ot, fin)) in results.into_iter().enumerate() {
         let (n, j) = (task / hv, task % hv);
         let t0 = p.seqs()[n].0;
-        for (i, row) in ot.chunks_exact(dv).enumerate() {
-            o[((t0 + i) * hv + j) * dv..][..dv].copy_from_slice(row);
-        }
+        crate::cpu::scatter_rows(&mut o, &ot, t0, hv, j, dv);
         final_state[task * kv..][..kv].copy_from_slice(&fin);
     }
     Ok(Reference { o, final_state })

@@ -157,6 +157,9 @@ pub fn random_case(rng: &mut Rng) -> Result<Case> {
         rng.int(1, 40)
     };
     let dtype = [DType::F32, DType::BF16, DType::F16][rng.int(0, 2)];
+    let beta_is_logits = rng.chance(0.3);
+    // allow_neg_eigval only means something (and is only accepted) with beta_is_logits.
+    let allow_neg_eigval = rng.chance(0.5) && beta_is_logits;
     let opts = Options {
         scale: if rng.chance(0.3) {
             Some(rng.range(0.05, 1.0))
@@ -164,8 +167,8 @@ pub fn random_case(rng: &mut Rng) -> Result<Case> {
             None
         },
         use_qk_l2norm: rng.chance(0.4),
-        beta_is_logits: rng.chance(0.3),
-        allow_neg_eigval: rng.chance(0.5),
+        beta_is_logits,
+        allow_neg_eigval,
         gate_in_kernel: rng.chance(0.25),
         state_v_first: rng.chance(0.3),
         chunk_size: CHUNK_SIZES[rng.int(0, 2)],
@@ -450,7 +453,7 @@ pub fn check_vector_file(device: &Device, path: &Path) -> Vec<Check> {
         }
         let mut state = match &pf.inputs.initial_state {
             Some(s) => s.to_f32().into_owned(),
-            None => vec![0f32; p.num_seqs() * p.v_heads * p.state_len()],
+            None => vec![0f32; p.num_seqs() * p.v_heads() * p.state_len()],
         };
         let x = Inputs {
             initial_state: None,
@@ -539,7 +542,7 @@ pub fn check_case(
     // The recurrent step from the same initial state.
     let mut state = match &case.inputs.initial_state {
         Some(s) => s.to_f32().into_owned(),
-        None => vec![0f32; p.num_seqs() * p.v_heads * p.state_len()],
+        None => vec![0f32; p.num_seqs() * p.v_heads() * p.state_len()],
     };
     let x = Inputs {
         initial_state: None,
@@ -557,13 +560,13 @@ pub fn check_case(
     }
 
     // Prefill of T - r tokens then r recurrent steps equals the prefill of T tokens.
-    if case.inputs.cu_seqlens.is_none() && p.seq_len >= 2 {
-        let r = rng.int(1, p.seq_len.min(4) - 1);
+    if case.inputs.cu_seqlens.is_none() && p.seq_len() >= 2 {
+        let r = rng.int(1, p.seq_len().min(4) - 1);
         report(
             &format!(
                 "prefill {} + {r} steps == prefill {}",
-                p.seq_len - r,
-                p.seq_len
+                p.seq_len() - r,
+                p.seq_len()
             ),
             prefill_then_decode(device, case, &p, r, &oracle.o, &oracle.final_state, tol),
         );
@@ -579,7 +582,7 @@ fn prefill_then_decode(
     s_ref: &[f64],
     tol: f64,
 ) -> Measured {
-    let (b, t) = (p.batch, p.seq_len);
+    let (b, t) = (p.batch(), p.seq_len());
     let t1 = t - r;
     let x = &case.inputs;
     let part = |lo: usize, hi: usize, h0: Option<Tensor<'static>>| -> Result<Inputs<'static>> {
@@ -604,7 +607,7 @@ fn prefill_then_decode(
     let rest = part(t1, t, None)?;
     let o2 = recurrent_step(device, &rest, &mut state, &case.opts)?;
     // Interleave the two outputs back into [B, T, HV, V].
-    let row = p.v_heads * p.dv;
+    let row = p.v_heads() * p.dv();
     let (o1, o2) = (out.o.to_f32(), o2.to_f32());
     let mut o = Vec::with_capacity(b * t * row);
     for bi in 0..b {
@@ -645,7 +648,7 @@ fn activate64(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Act {
     let (mut q, mut k) = (f64s(&x.q), f64s(&x.k));
     if opts.use_qk_l2norm {
         for t in [&mut q, &mut k] {
-            for row in t.chunks_exact_mut(p.dk) {
+            for row in t.chunks_exact_mut(p.dk()) {
                 let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() + 1e-6).sqrt();
                 row.iter_mut().for_each(|v| *v *= inv);
             }
@@ -656,7 +659,7 @@ fn activate64(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Act {
         if let (Some(a), Some(d)) = (&x.a_log, &x.dt_bias) {
             let (a, d) = (f64s(a), f64s(d));
             for (i, gi) in g.iter_mut().enumerate() {
-                let j = i % p.v_heads;
+                let j = i % p.v_heads();
                 let z = *gi + d[j];
                 let sp = if z > 20.0 { z } else { z.exp().ln_1p() };
                 *gi = -a[j].exp() * sp;
@@ -685,7 +688,7 @@ struct Walk {
 }
 
 fn oracle_walk(p: &Problem, a: &Act, x: &Inputs<'_>, opts: &Options) -> Walk {
-    let (nh, hv, dk, dv) = (p.heads, p.v_heads, p.dk, p.dv);
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let kv = dk * dv;
     let h0 = x.initial_state.as_ref().map(f64s);
     let mut h = vec![0f64; p.chunks().len() * hv * kv];
@@ -789,7 +792,7 @@ fn stage_checks<D: HostIo>(
     report: &mut dyn FnMut(&str, Measured),
 ) {
     let r = (|| -> Result<()> {
-        let (nh, hv, dk, dv, bt) = (p.heads, p.v_heads, p.dk, p.dv, p.chunk_size);
+        let (nh, hv, dk, dv, bt) = (p.heads(), p.v_heads(), p.dk(), p.dv(), p.chunk_size());
         let si = upload_inputs(dev, p, &case.inputs, &case.opts)?;
         let a = activate(dev, p, &case.opts, &si)?;
         let q = dev.download(a.q())?;
@@ -973,7 +976,7 @@ fn chunk_output64(
     sg: &[f32],
     scale: f64,
 ) -> Vec<f64> {
-    let (nh, hv, dk, dv) = (p.heads, p.v_heads, p.dk, p.dv);
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let kv = dk * dv;
     let mut o = vec![0f64; p.tokens() * hv * dv];
     for (ci, c) in p.chunks().iter().enumerate() {

@@ -700,7 +700,19 @@ fn segment_plans_tile_the_tokens_at_chunk_boundaries() {
             chunk_size: [16, 32, 64][rng.int(0, 2)],
             ..deltanet::Options::default()
         };
-        let p = deltanet::Problem::new(1, t, 1, 1, 2, 2, Some(&cu), &opts).expect("problem");
+        let p = deltanet::Problem::new(
+            deltanet::Dims {
+                batch: 1,
+                seq_len: t,
+                heads: 1,
+                v_heads: 1,
+                dk: 2,
+                dv: 2,
+            },
+            Some(&cu),
+            &opts,
+        )
+        .expect("problem");
         let max = rng.int(1, 200);
         let plan = deltanet::io::plan_segments(&p, max);
         let bt = opts.chunk_size;

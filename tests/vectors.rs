@@ -65,7 +65,7 @@ fn cpu_recurrent_matches_vectors() {
         let p = deltanet::Problem::from_inputs(&case.inputs, &case.opts).unwrap();
         let mut state = match &case.inputs.initial_state {
             Some(s) => common::as_f32(s),
-            None => vec![0f32; p.num_seqs() * p.v_heads * p.state_len()],
+            None => vec![0f32; p.num_seqs() * p.v_heads() * p.state_len()],
         };
         let x = Inputs {
             initial_state: None,

@@ -1,9 +1,45 @@
 use rayon::prelude::*;
 
-use super::{axpy, chunk_blocks, decay, decay0, dot};
+use super::{chunk_blocks, gather_rows, gemm, Decays};
 use crate::backend::Gamma;
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
+
+/// `o` (`n x V`) of one chunk of one head: `q`, `k` are `n x K`, `v_new` `n x V`, `state` the
+/// `K x V` state entering the chunk.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn output_block(
+    q: &[f32],
+    k: &[f32],
+    v_new: &[f32],
+    state: &[f32],
+    d: &Decays,
+    scale: f32,
+    o: &mut [f32],
+) {
+    let n = d.len();
+    if n == 0 {
+        return;
+    }
+    let (dk, dv) = (q.len() / n, v_new.len() / n);
+    // Across chunks: e^gamma_i q_i^T h.
+    gemm(n, dk, dv, 1.0, q, false, state, false, 0.0, o);
+    for i in 0..n {
+        let d0 = d.decay0(i);
+        o[i * dv..][..dv].iter_mut().for_each(|x| *x *= d0);
+    }
+    // Within the chunk: causal(q k^T e^(gamma_i - gamma_l)) v_new, diagonal included.
+    let mut p = vec![0f32; n * n];
+    gemm(n, dk, n, 1.0, q, false, k, true, 0.0, &mut p);
+    for i in 0..n {
+        for l in 0..n {
+            let x = &mut p[i * n + l];
+            *x = if l <= i { *x * d.decay(i, l) } else { 0.0 };
+        }
+    }
+    gemm(n, n, dv, 1.0, &p, false, v_new, false, 1.0, o);
+    o[..n * dv].iter_mut().for_each(|x| *x *= scale);
+}
 
 /// `o_i = scale (e^gamma_i q_i^T h + sum_{j <= i} e^(gamma_i - gamma_j) (q_i . k_j) v_new_j)` for
 /// every token i of every chunk, with h the state entering the chunk.
@@ -16,7 +52,7 @@ pub fn chunk_output(
     gamma: &Gamma<Vec<f32>>,
     scale: f32,
 ) -> Result<Vec<f32>> {
-    let (nh, hv, dk, dv) = (p.heads, p.v_heads, p.dk, p.dv);
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let kv = p.state_len();
     check_len("q", q.len(), p.tokens() * nh * dk)?;
     check_len("k", k.len(), p.tokens() * nh * dk)?;
@@ -24,35 +60,26 @@ pub fn chunk_output(
     check_len("h", h.len(), p.chunks().len() * hv * kv)?;
     p.check("gamma", gamma.gamma.len(), 1)?;
     p.check("seg", gamma.seg.len(), 1)?;
-    let (gm, sg) = (&gamma.gamma, &gamma.seg);
-    let chunk_index = |start: usize| p.chunks().partition_point(|c| c.start < start);
+    p.check("lo", gamma.lo.len(), 1)?;
     let mut o = vec![0f32; p.tokens() * hv * dv];
     chunk_blocks(p, &mut o, hv * dv)
         .into_par_iter()
-        .for_each(|(c, o)| {
-            let ci = chunk_index(c.start);
+        .enumerate()
+        .for_each(|(ci, (c, o))| {
+            let mut oc = vec![0f32; c.len * dv];
             for j in 0..hv {
                 let kh = p.qk_head(j);
-                let state = &h[(ci * hv + j) * kv..][..kv];
+                output_block(
+                    &gather_rows(q, &c, nh, kh, dk),
+                    &gather_rows(k, &c, nh, kh, dk),
+                    &gather_rows(v_new, &c, hv, j, dv),
+                    &h[(ci * hv + j) * kv..][..kv],
+                    &Decays::gather(gamma, &c, hv, j),
+                    scale,
+                    &mut oc,
+                );
                 for i in 0..c.len {
-                    let ti = (c.start + i) * hv + j;
-                    let q_row = &q[((c.start + i) * nh + kh) * dk..][..dk];
-                    let out = &mut o[(i * hv + j) * dv..][..dv];
-                    let d0 = decay0(gm[ti], sg[ti]);
-                    if d0 != 0.0 {
-                        for (r, &qr) in q_row.iter().enumerate() {
-                            axpy(out, d0 * qr, &state[r * dv..][..dv]);
-                        }
-                    }
-                    for l in 0..=i {
-                        let tl = (c.start + l) * hv + j;
-                        let d = decay(gm[ti], sg[ti], gm[tl], sg[tl]);
-                        if d != 0.0 {
-                            let qk = dot(q_row, &k[((c.start + l) * nh + kh) * dk..][..dk]);
-                            axpy(out, d * qk, &v_new[tl * dv..][..dv]);
-                        }
-                    }
-                    out.iter_mut().for_each(|x| *x *= scale);
+                    o[(i * hv + j) * dv..][..dv].copy_from_slice(&oc[i * dv..][..dv]);
                 }
             }
         });

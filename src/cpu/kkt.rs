@@ -1,9 +1,26 @@
 use rayon::prelude::*;
 
-use super::{chunk_blocks, decay, dot};
+use super::{chunk_blocks, gather_rows, gather_scalars, gemm, Decays};
 use crate::backend::Gamma;
-use crate::error::Result;
+use crate::error::{check_len, Result};
 use crate::problem::Problem;
+
+/// `A_strict` of one chunk of one head (`n x n`, row-major, zero on and above the diagonal):
+/// `A[i, l] = beta_i (k_i . k_l) exp(gamma_i - gamma_l)` for i > l. `k` is `n x K`.
+pub(crate) fn kkt_block(k: &[f32], dk: usize, beta: &[f32], d: &Decays, a: &mut [f32]) {
+    let n = beta.len();
+    gemm(n, dk, n, 1.0, k, false, k, true, 0.0, a);
+    for i in 0..n {
+        for l in 0..n {
+            let x = &mut a[i * n + l];
+            *x = if l < i {
+                *x * beta[i] * d.decay(i, l)
+            } else {
+                0.0
+            };
+        }
+    }
+}
 
 /// `A_strict[i, j] = beta_i (k_i . k_j) exp(gamma_i - gamma_j)` for i > j within a chunk, zero on
 /// and above the diagonal; layout `[B, T, HV, BT]`.
@@ -13,27 +30,24 @@ pub fn chunk_scaled_dot_kkt(
     beta: &[f32],
     gamma: &Gamma<Vec<f32>>,
 ) -> Result<Vec<f32>> {
-    let (h, hv, dk, bt) = (p.heads, p.v_heads, p.dk, p.chunk_size);
-    crate::error::check_len("k", k.len(), p.tokens() * h * dk)?;
+    let (h, hv, dk, bt) = (p.heads(), p.v_heads(), p.dk(), p.chunk_size());
+    check_len("k", k.len(), p.tokens() * h * dk)?;
     p.check("beta", beta.len(), 1)?;
     p.check("gamma", gamma.gamma.len(), 1)?;
     p.check("seg", gamma.seg.len(), 1)?;
-    let (gm, sg) = (&gamma.gamma, &gamma.seg);
+    p.check("lo", gamma.lo.len(), 1)?;
     let mut a = vec![0f32; p.tokens() * hv * bt];
     chunk_blocks(p, &mut a, hv * bt)
         .into_par_iter()
         .for_each(|(c, a)| {
+            let n = c.len;
+            let mut block = vec![0f32; n * n];
             for j in 0..hv {
-                let kh = p.qk_head(j);
-                let krow = |i: usize| &k[((c.start + i) * h + kh) * dk..][..dk];
-                let gi = |i: usize| (c.start + i) * hv + j;
-                for r in 1..c.len {
-                    let (tr, kr) = (gi(r), krow(r));
-                    let row = &mut a[(r * hv + j) * bt..][..bt];
-                    for (col, x) in row.iter_mut().enumerate().take(r) {
-                        let tc = gi(col);
-                        *x = beta[tr] * dot(kr, krow(col)) * decay(gm[tr], sg[tr], gm[tc], sg[tc]);
-                    }
+                let kc = gather_rows(k, &c, h, p.qk_head(j), dk);
+                let b = gather_scalars(beta, &c, hv, j);
+                kkt_block(&kc, dk, &b, &Decays::gather(gamma, &c, hv, j), &mut block);
+                for i in 0..n {
+                    a[(i * hv + j) * bt..][..n].copy_from_slice(&block[i * n..][..n]);
                 }
             }
         });

@@ -19,7 +19,7 @@ pub fn recurrent(
     v_first: bool,
     scale: f32,
 ) -> Result<Vec<f32>> {
-    let (nh, hv, dk, dv) = (p.heads, p.v_heads, p.dk, p.dv);
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let kv = p.state_len();
     check_len("q", q.len(), p.tokens() * nh * dk)?;
     check_len("k", k.len(), p.tokens() * nh * dk)?;
@@ -78,9 +78,7 @@ pub fn recurrent(
     for (task, out) in outs.into_iter().enumerate() {
         let (n, j) = (task / hv, task % hv);
         let t0 = p.seqs()[n].0;
-        for (i, row) in out.chunks_exact(dv).enumerate() {
-            o[((t0 + i) * hv + j) * dv..][..dv].copy_from_slice(row);
-        }
+        super::scatter_rows(&mut o, &out, t0, hv, j, dv);
     }
     Ok(o)
 }

@@ -1,9 +1,37 @@
 use rayon::prelude::*;
 
-use super::{axpy, chunk_blocks, decay0};
+use super::{chunk_blocks, gather_rows, gather_scalars, gemm, Decays};
 use crate::backend::{Gamma, Wy};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
+
+/// `w = A_inv (beta e^gamma k)` (`n x K`) and `u = A_inv (beta v)` (`n x V`) of one chunk of one
+/// head, from its `n x n` `A_inv`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn wy_block(
+    a_inv: &[f32],
+    k: &[f32],
+    v: &[f32],
+    beta: &[f32],
+    d: &Decays,
+    w: &mut [f32],
+    u: &mut [f32],
+) {
+    let n = beta.len();
+    if n == 0 {
+        return;
+    }
+    let (dk, dv) = (k.len() / n, v.len() / n);
+    let mut kb = k.to_vec();
+    let mut vb = v.to_vec();
+    for l in 0..n {
+        let coef = beta[l] * d.decay0(l);
+        kb[l * dk..][..dk].iter_mut().for_each(|x| *x *= coef);
+        vb[l * dv..][..dv].iter_mut().for_each(|x| *x *= beta[l]);
+    }
+    gemm(n, n, dk, 1.0, a_inv, false, &kb, false, 0.0, w);
+    gemm(n, n, dv, 1.0, a_inv, false, &vb, false, 0.0, u);
+}
 
 /// `w = A_inv (beta e^gamma k)` and `u = A_inv (beta v)`, chunk by chunk.
 pub fn recompute_w_u(
@@ -14,12 +42,13 @@ pub fn recompute_w_u(
     gamma: &Gamma<Vec<f32>>,
     a_inv: &[f32],
 ) -> Result<Wy<Vec<f32>>> {
-    let (h, hv, dk, dv, bt) = (p.heads, p.v_heads, p.dk, p.dv, p.chunk_size);
+    let (h, hv, dk, dv, bt) = (p.heads(), p.v_heads(), p.dk(), p.dv(), p.chunk_size());
     check_len("k", k.len(), p.tokens() * h * dk)?;
     p.check("v", v.len(), dv)?;
     p.check("beta", beta.len(), 1)?;
     p.check("gamma", gamma.gamma.len(), 1)?;
     p.check("seg", gamma.seg.len(), 1)?;
+    p.check("lo", gamma.lo.len(), 1)?;
     p.check("A_inv", a_inv.len(), bt)?;
     let mut w = vec![0f32; p.tokens() * hv * dk];
     let mut u = vec![0f32; p.tokens() * hv * dv];
@@ -27,21 +56,25 @@ pub fn recompute_w_u(
         .into_par_iter()
         .zip(chunk_blocks(p, &mut u, hv * dv))
         .for_each(|((c, w), (_, u))| {
+            let n = c.len;
+            let (mut a, mut wc, mut uc) =
+                (vec![0f32; n * n], vec![0f32; n * dk], vec![0f32; n * dv]);
             for j in 0..hv {
-                let kh = p.qk_head(j);
-                for i in 0..c.len {
-                    let a_row = &a_inv[((c.start + i) * hv + j) * bt..][..=i];
-                    let w_row = &mut w[(i * hv + j) * dk..][..dk];
-                    for (l, &a) in a_row.iter().enumerate() {
-                        let t = (c.start + l) * hv + j;
-                        let coef = a * beta[t] * decay0(gamma.gamma[t], gamma.seg[t]);
-                        axpy(w_row, coef, &k[((c.start + l) * h + kh) * dk..][..dk]);
-                    }
-                    let u_row = &mut u[(i * hv + j) * dv..][..dv];
-                    for (l, &a) in a_row.iter().enumerate() {
-                        let t = (c.start + l) * hv + j;
-                        axpy(u_row, a * beta[t], &v[t * dv..][..dv]);
-                    }
+                for i in 0..n {
+                    a[i * n..][..n].copy_from_slice(&a_inv[((c.start + i) * hv + j) * bt..][..n]);
+                }
+                wy_block(
+                    &a,
+                    &gather_rows(k, &c, h, p.qk_head(j), dk),
+                    &gather_rows(v, &c, hv, j, dv),
+                    &gather_scalars(beta, &c, hv, j),
+                    &Decays::gather(gamma, &c, hv, j),
+                    &mut wc,
+                    &mut uc,
+                );
+                for i in 0..n {
+                    w[(i * hv + j) * dk..][..dk].copy_from_slice(&wc[i * dk..][..dk]);
+                    u[(i * hv + j) * dv..][..dv].copy_from_slice(&uc[i * dv..][..dv]);
                 }
             }
         });

@@ -159,8 +159,19 @@ pub fn main(a: Args) -> CmdResult {
         ..Options::default()
     };
     // Refuse shapes this machine cannot hold before allocating anything.
-    let p = Problem::new(b, t, h, hv, k, v, None, &opts)
-        .map_err(|e| Failure::usage(format!("--shape: {e}")))?;
+    let p = Problem::new(
+        deltanet::Dims {
+            batch: b,
+            seq_len: t,
+            heads: h,
+            v_heads: hv,
+            dk: k,
+            dv: v,
+        },
+        None,
+        &opts,
+    )
+    .map_err(|e| Failure::usage(format!("--shape: {e}")))?;
     let need = deltanet::io::forward_bytes(&p, &opts);
     if let Some(avail) = deltanet::io::available_memory() {
         if need > avail {
@@ -329,7 +340,7 @@ fn bench_on<D: HostIo>(
                 dev.solve_tril(&p, &a_strict).map(|_| ())
             })?;
             // Reads A_strict, writes A_inv: both [B, T, HV, BT] f32.
-            let bytes = 2 * f4 * (p.tokens() * hv * p.chunk_size) as u128;
+            let bytes = 2 * f4 * (p.tokens() * hv * p.chunk_size()) as u128;
             rows.push(Row {
                 work: "solve_tril",
                 times_ms: times,

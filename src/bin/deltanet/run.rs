@@ -176,8 +176,16 @@ pub fn main(a: Args) -> CmdResult {
     let seg = seg.min(p.tokens()).max(1);
     // The memory one segment needs, checked up front so an impossible shape is an error rather
     // than an allocation failure.
-    let seg_problem = deltanet::Problem::new(1, seg, p.heads, p.v_heads, p.dk, p.dv, None, &opts)
-        .map_err(|e| deltanet::Error::in_file(&a.input, e))?;
+    let seg_problem = deltanet::Problem::new(
+        deltanet::Dims {
+            batch: 1,
+            seq_len: seg,
+            ..p.dims()
+        },
+        None,
+        &opts,
+    )
+    .map_err(|e| deltanet::Error::in_file(&a.input, e))?;
     io::check_memory(&a.input, &seg_problem, &opts)?;
     let device = open_device(&a.device)?;
     let mut meta = options_metadata(&opts);
@@ -197,12 +205,12 @@ pub fn main(a: Args) -> CmdResult {
     eprintln!(
         "{}: B={} T={} H={} HV={} K={} V={} ({} sequences, {segments} segment(s)) on {} in {ms:.1} ms -> {} (o {})",
         a.input.display(),
-        p.batch,
-        p.seq_len,
-        p.heads,
-        p.v_heads,
-        p.dk,
-        p.dv,
+        p.batch(),
+        p.seq_len(),
+        p.heads(),
+        p.v_heads(),
+        p.dk(),
+        p.dv(),
         p.num_seqs(),
         device.name(),
         a.output.display(),
