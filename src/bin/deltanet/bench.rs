@@ -172,16 +172,7 @@ pub fn main(a: Args) -> CmdResult {
         &opts,
     )
     .map_err(|e| Failure::usage(format!("--shape: {e}")))?;
-    let need = deltanet::io::forward_bytes(&p, &opts);
-    if let Some(avail) = deltanet::io::available_memory() {
-        if need > avail {
-            return Err(Failure::data(format!(
-                "--shape: too large to allocate: needs about {:.1} GiB, {:.1} GiB available",
-                need as f64 / (1u64 << 30) as f64,
-                avail as f64 / (1u64 << 30) as f64
-            )));
-        }
-    }
+    crate::ensure_memory("--shape", &p, &opts)?;
 
     let total = (a.warmup + a.repeats) * works.len() as u64;
     let bar = ProgressBar::new(total);

@@ -84,6 +84,27 @@ pub fn open_device(s: &str) -> Result<deltanet::Device, Failure> {
     deltanet::Device::parse(s).map_err(|e| Failure::data(format!("device {s}: {e}")))
 }
 
+/// Refuses, with a clear message, a problem whose forward would not fit in the memory available
+/// now (an allocation failure would abort the process instead).
+pub fn ensure_memory(
+    what: &str,
+    p: &deltanet::Problem,
+    opts: &deltanet::Options,
+) -> Result<(), Failure> {
+    // The inputs themselves, generated in f32, come on top of the forward's work.
+    let need = deltanet::io::forward_bytes(p, opts) * 3 / 2;
+    if let Some(avail) = deltanet::io::available_memory() {
+        if need > avail {
+            return Err(Failure::data(format!(
+                "{what}: too large to allocate: needs about {:.1} GiB, {:.1} GiB available",
+                need as f64 / (1u64 << 30) as f64,
+                avail as f64 / (1u64 << 30) as f64
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     // No code path is meant to panic; should one anyway, report it as one line (no backtrace)
     // and exit 1 rather than 101.
