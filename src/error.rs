@@ -66,9 +66,7 @@ impl Error {
             got: got.to_string(),
         }
     }
-}
 
-impl Error {
     /// Attributes an error to the file at `path` (a [`Error::File`] is returned unchanged).
     pub fn in_file(path: &std::path::Path, err: Error) -> Self {
         match err {
