@@ -738,3 +738,34 @@ fn segment_plans_tile_the_tokens_at_chunk_boundaries() {
         );
     }
 }
+
+#[test]
+fn flags_can_turn_metadata_options_off() {
+    let seed = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/bf16.safetensors");
+    let dir = scratch("flags_off");
+    let out = dir.join("o.safetensors");
+    let o = deltanet(&[
+        "run",
+        "-i",
+        seed,
+        "-o",
+        out.to_str().expect("utf8"),
+        "--device",
+        "cpu",
+        "--use-qk-l2norm",
+        "false",
+        "--scale",
+        "null",
+        "--head-map",
+        "grouped",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&out).expect("read");
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("header");
+    let meta = meta.metadata().clone().expect("metadata");
+    // The file says l2norm on, scale 0.3, tiled, chunk 16; the flags win where given.
+    assert_eq!(meta["use_qk_l2norm"], "false");
+    assert_eq!(meta["scale"], "null");
+    assert_eq!(meta["head_map"], "\"grouped\"");
+    assert_eq!(meta["chunk_size"], "16");
+}
