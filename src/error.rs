@@ -33,6 +33,15 @@ pub enum Error {
         /// The driver's message.
         message: String,
     },
+    /// A file could not be read, parsed or written, or its contents do not describe a valid
+    /// problem. The message names the tensor or option at fault, with expected vs got.
+    #[error("{path}: {message}")]
+    File {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// NVRTC rejected a kernel source.
     #[error("NVRTC failed to compile kernel {kernel} for {arch}: {log}")]
     Compile {
@@ -55,6 +64,25 @@ impl Error {
             arg,
             expected: expected.to_string(),
             got: got.to_string(),
+        }
+    }
+
+    /// Attributes an error to the file at `path` (a [`Error::File`] is returned unchanged).
+    pub fn in_file(path: &std::path::Path, err: Error) -> Self {
+        match err {
+            Error::File { .. } => err,
+            other => Error::File {
+                path: path.display().to_string(),
+                message: other.to_string(),
+            },
+        }
+    }
+
+    /// Shorthand for [`Error::File`].
+    pub fn file(path: &std::path::Path, message: impl ToString) -> Self {
+        Error::File {
+            path: path.display().to_string(),
+            message: message.to_string(),
         }
     }
 }

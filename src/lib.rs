@@ -36,9 +36,11 @@ pub mod cuda;
 mod dtype;
 mod error;
 mod forward;
+pub mod io;
 mod options;
 mod problem;
 pub mod reference;
+pub mod selftest;
 
 pub use backend::{Backend, ChunkStates, Gamma, StageInputs, Wy, RESET_LOG_DECAY};
 pub use dtype::{DType, Data, Tensor};

@@ -1,3 +1,138 @@
-fn main() {
-    println!("todo");
+//! `deltanet`: run the gated delta rule forward on safetensors files, demo it, benchmark it and
+//! check a device for conformance, from the command line.
+
+mod bench;
+mod demo;
+mod run;
+mod selftest;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Gated DeltaNet (gated delta rule) linear attention on the CPU and NVIDIA GPUs, with FLA's
+/// semantics and layouts.
+#[derive(Parser, Debug)]
+#[command(name = "deltanet", version, propagate_version = true)]
+#[command(after_help = "Exit codes: 0 success, 1 bad data or failed checks, 2 usage errors.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Compute o and the final state for the inputs in a safetensors file.
+    Run(run::Args),
+    /// Run a Qwen3-Next-shaped layer (B=1, T=4096, H=16, HV=32, K=V=128, bf16) on the best
+    /// device and check the chunked forward against the recurrent path.
+    Demo(demo::Args),
+    /// Time the prefill, the decode step and solve_tril on a device.
+    Bench(bench::Args),
+    /// Check a device against the float64 oracle: random problems, every stage, the vector files.
+    Selftest(selftest::Args),
+}
+
+/// A failure of a command: the exit code and a one-line message (printed once, by `main`).
+#[derive(Debug)]
+pub struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    /// Bad data, a device error or a failed check: exit code 1.
+    pub fn data(message: impl ToString) -> Self {
+        Failure {
+            code: 1,
+            message: message.to_string(),
+        }
+    }
+    /// A usage error (bad argument value): exit code 2.
+    pub fn usage(message: impl ToString) -> Self {
+        Failure {
+            code: 2,
+            message: message.to_string(),
+        }
+    }
+}
+
+impl From<deltanet::Error> for Failure {
+    fn from(e: deltanet::Error) -> Self {
+        Failure::data(e)
+    }
+}
+
+/// What a command returns.
+pub type CmdResult = Result<ExitCode, Failure>;
+
+/// Checks the syntax of a `--device` value at parse time, so a typo is a usage error (exit 2)
+/// while a device that cannot be opened is a run-time one (exit 1).
+pub fn device_arg(s: &str) -> Result<String, String> {
+    let ok = matches!(s, "auto" | "cpu" | "cuda")
+        || s.strip_prefix("cuda:")
+            .is_some_and(|n| n.parse::<usize>().is_ok());
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err("expected auto, cpu, cuda or cuda:N".into())
+    }
+}
+
+/// Opens the device named by a (syntactically valid) `--device` value.
+pub fn open_device(s: &str) -> Result<deltanet::Device, Failure> {
+    deltanet::Device::parse(s).map_err(|e| Failure::data(format!("device {s}: {e}")))
+}
+
+/// Refuses, with a clear message, a problem whose forward would not fit in the memory available
+/// now (an allocation failure would abort the process instead).
+pub fn ensure_memory(
+    what: &str,
+    p: &deltanet::Problem,
+    opts: &deltanet::Options,
+) -> Result<(), Failure> {
+    // The inputs themselves, generated in f32, come on top of the forward's work.
+    let need = deltanet::io::forward_bytes(p, opts) * 3 / 2;
+    if let Some(avail) = deltanet::io::available_memory() {
+        if need > avail {
+            return Err(Failure::data(format!(
+                "{what}: too large to allocate: needs about {:.1} GiB, {:.1} GiB available",
+                need as f64 / (1u64 << 30) as f64,
+                avail as f64 / (1u64 << 30) as f64
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    // No code path is meant to panic; should one anyway, report it as one line (no backtrace)
+    // and exit 1 rather than 101.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown".into());
+        eprintln!("deltanet: internal error: {msg}");
+        std::process::exit(1);
+    }));
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    let r = match cli.command {
+        Command::Run(a) => run::main(a),
+        Command::Demo(a) => demo::main(a),
+        Command::Bench(a) => bench::main(a),
+        Command::Selftest(a) => selftest::main(a),
+    };
+    match r {
+        Ok(code) => code,
+        Err(f) => {
+            eprintln!("deltanet: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
 }

@@ -1,0 +1,771 @@
+//! The `deltanet` binary end to end: it reproduces the shared conformance vectors, rejects bad
+//! input with a one-line message and the right exit code, never leaves a partial or clobbered
+//! output, and its selftest, bench and demo commands work.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use deltanet::reference::rel_l2;
+
+const BIN: &str = env!("CARGO_BIN_EXE_deltanet");
+
+fn vectors_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/vectors"))
+}
+
+fn vector_files() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(vectors_dir())
+        .expect("../shared/vectors must exist beside the checkout")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    v.sort();
+    assert!(!v.is_empty(), "no vector files");
+    v
+}
+
+/// A fresh empty folder for one test.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("deltanet-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create scratch dir");
+    d
+}
+
+fn deltanet(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("run the deltanet binary")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Tensors of a safetensors file: dtype name, shape, raw bytes.
+fn read_st(path: &Path) -> Vec<(String, String, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(path).expect("read output");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("output is valid safetensors");
+    st.tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            (
+                n,
+                format!("{:?}", t.dtype()),
+                t.shape().to_vec(),
+                t.data().to_vec(),
+            )
+        })
+        .collect()
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn f64s(b: &[u8]) -> Vec<f64> {
+    b.chunks_exact(8)
+        .map(|c| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(c);
+            f64::from_le_bytes(a)
+        })
+        .collect()
+}
+
+fn find<'a>(
+    ts: &'a [(String, String, Vec<usize>, Vec<u8>)],
+    name: &str,
+) -> &'a (String, String, Vec<usize>, Vec<u8>) {
+    ts.iter()
+        .find(|t| t.0 == name)
+        .unwrap_or_else(|| panic!("tensor {name} missing"))
+}
+
+#[test]
+fn run_reproduces_the_shared_vectors() {
+    let dir = scratch("vectors");
+    for f in vector_files() {
+        let out = dir.join(f.file_name().expect("name"));
+        let o = deltanet(&[
+            "run",
+            "--input",
+            f.to_str().expect("utf8"),
+            "--output",
+            out.to_str().expect("utf8"),
+            "--out-dtype",
+            "f32",
+            "--device",
+            "cpu",
+        ]);
+        assert!(o.status.success(), "{}: {}", f.display(), stderr(&o));
+        let got = read_st(&out);
+        let want = read_st(&f);
+        let (_, dt, shape, o_bytes) = find(&got, "o");
+        assert_eq!(dt, "F32");
+        assert_eq!(shape, &find(&want, "o_ref").2);
+        let eo = rel_l2(&f32s(o_bytes), &f64s(&find(&want, "o_ref").3));
+        let es = rel_l2(
+            &f32s(&find(&got, "final_state").3),
+            &f64s(&find(&want, "final_state_ref").3),
+        );
+        println!("{}: o {eo:.2e}, final_state {es:.2e}", f.display());
+        assert!(eo <= 1e-5, "{}: o rel err {eo:e}", f.display());
+        assert!(es <= 1e-5, "{}: final_state rel err {es:e}", f.display());
+    }
+}
+
+#[test]
+fn run_auto_device_falls_back_and_writes_input_dtype() {
+    let dir = scratch("auto");
+    let f = vectors_dir().join("bf16_qwen_like.safetensors");
+    let out = dir.join("o.safetensors");
+    let o = deltanet(&[
+        "run",
+        "-i",
+        f.to_str().expect("utf8"),
+        "-o",
+        out.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got = read_st(&out);
+    // FLA's convention: o in the input's dtype unless asked otherwise; states in f32.
+    assert_eq!(find(&got, "o").1, "BF16");
+    assert_eq!(find(&got, "final_state").1, "F32");
+}
+
+#[test]
+fn flags_override_metadata_and_intermediate_states() {
+    let dir = scratch("flags");
+    let f = vectors_dir().join("odd_dims.safetensors");
+    let out = dir.join("o.safetensors");
+    let o = deltanet(&[
+        "run",
+        "--input",
+        f.to_str().expect("utf8"),
+        "--output",
+        out.to_str().expect("utf8"),
+        "--out-dtype",
+        "f32",
+        "--device",
+        "cpu",
+        "--scale",
+        "0.25",
+        "--use-qk-l2norm",
+        "--chunk-size",
+        "16",
+        "--intermediate-states",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got = read_st(&out);
+
+    // The same computation through the library.
+    let file = deltanet::io::MappedFile::open(&f).expect("open");
+    let pf = file.parse().expect("parse");
+    let opts = deltanet::Options {
+        scale: Some(0.25),
+        use_qk_l2norm: true,
+        chunk_size: 16,
+        out_dtype: Some(deltanet::DType::F32),
+        output_chunk_states: true,
+        ..pf.options.clone()
+    };
+    let want = deltanet::forward(&deltanet::Device::Cpu, &pf.inputs, &opts).expect("forward");
+    assert_eq!(find(&got, "o").3, want.o.as_bytes());
+    let h = want.chunk_states.expect("chunk states");
+    let (_, dt, shape, bytes) = find(&got, "chunk_states");
+    assert_eq!(dt, "F32");
+    // T = 77 in chunks of 16: 5 chunks; HV = 3, K = 60, V = 100.
+    assert_eq!(shape, &vec![5, 3, 60, 100]);
+    assert_eq!(bytes.as_slice(), h.as_bytes());
+}
+
+/// A safetensors file from (name, dtype, shape, bytes) entries and metadata.
+fn st_bytes(entries: &[(&str, &str, Vec<usize>, Vec<u8>)], meta: &[(&str, &str)]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    if !meta.is_empty() {
+        let m: serde_json::Map<String, serde_json::Value> = meta
+            .iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string())))
+            .collect();
+        header.insert("__metadata__".into(), serde_json::Value::Object(m));
+    }
+    let mut off = 0;
+    for (n, dt, shape, b) in entries {
+        header.insert(
+            n.to_string(),
+            serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [off, off + b.len()]}),
+        );
+        off += b.len();
+    }
+    let mut h = serde_json::to_vec(&serde_json::Value::Object(header)).expect("json");
+    h.resize(h.len().next_multiple_of(8), b' ');
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    for (_, _, _, b) in entries {
+        out.extend(b);
+    }
+    out
+}
+
+fn f32_bytes(n: usize, x: f32) -> Vec<u8> {
+    (0..n).flat_map(|_| x.to_le_bytes()).collect()
+}
+
+/// A small valid problem: B=1, T=5, H=1, HV=2, K=4, V=3, with some entries replaced.
+fn small_problem(
+    replace: &[(&str, &str, Vec<usize>, Vec<u8>)],
+    drop: &[&str],
+    meta: &[(&str, &str)],
+) -> Vec<u8> {
+    let (t, h, hv, k, v) = (5, 1, 2, 4, 3);
+    let mut e: Vec<(&str, &str, Vec<usize>, Vec<u8>)> = vec![
+        ("q", "F32", vec![1, t, h, k], f32_bytes(t * h * k, 0.5)),
+        ("k", "F32", vec![1, t, h, k], f32_bytes(t * h * k, 0.5)),
+        ("v", "F32", vec![1, t, hv, v], f32_bytes(t * hv * v, 1.0)),
+        ("g", "F32", vec![1, t, hv], f32_bytes(t * hv, -0.1)),
+        ("beta", "F32", vec![1, t, hv], f32_bytes(t * hv, 0.5)),
+    ];
+    e.retain(|x| !drop.contains(&x.0) && !replace.iter().any(|r| r.0 == x.0));
+    e.extend(replace.iter().cloned());
+    st_bytes(&e, meta)
+}
+
+/// Runs `deltanet run` on `bytes` written to a file; returns the output and the output path.
+fn run_on(name: &str, bytes: &[u8], extra: &[&str]) -> (Output, PathBuf, PathBuf) {
+    let dir = scratch(name);
+    let input = dir.join("in.safetensors");
+    std::fs::write(&input, bytes).expect("write input");
+    let out = dir.join("out.safetensors");
+    let mut args = vec![
+        "run",
+        "--input",
+        input.to_str().expect("utf8"),
+        "--output",
+        out.to_str().expect("utf8"),
+        "--device",
+        "cpu",
+    ];
+    args.extend_from_slice(extra);
+    (deltanet(&args), out, dir)
+}
+
+/// Exit 1, one line on stderr naming the file and containing each of `needles`, no panic, no
+/// output file, no temporary file left behind.
+fn assert_bad_data(name: &str, bytes: &[u8], extra: &[&str], needles: &[&str]) {
+    let (o, out, dir) = run_on(name, bytes, extra);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{name}: stderr {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+    assert!(
+        err.contains("in.safetensors"),
+        "{name}: no file name in {err}"
+    );
+    for n in needles {
+        assert!(err.contains(n), "{name}: {n:?} not in {err}");
+    }
+    assert!(!out.exists(), "{name}: output written on failure");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "{name}: files left behind: {left:?}");
+}
+
+#[test]
+fn the_small_problem_is_valid() {
+    let (o, out, _) = run_on("valid", &small_problem(&[], &[], &[]), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.exists());
+}
+
+#[test]
+fn garbage_empty_truncated_and_inconsistent_files() {
+    assert_bad_data(
+        "garbage",
+        b"this is not a safetensors file at all",
+        &[],
+        &["safetensors"],
+    );
+    assert_bad_data("empty", b"", &[], &["empty"]);
+    assert_bad_data("short", b"\x01\x02", &[], &["safetensors"]);
+    let good = small_problem(&[], &[], &[]);
+    assert_bad_data("truncated", &good[..good.len() - 7], &[], &["truncated"]);
+    assert_bad_data("header_cut", &good[..20], &[], &["header"]);
+    // The header promises more data than there is.
+    let mut e = vec![("q", "F32", vec![1, 5, 1, 4], f32_bytes(20, 0.5))];
+    let mut lying = st_bytes(&e, &[]);
+    lying.truncate(lying.len() - 4);
+    assert_bad_data("lying", &lying, &[], &["do not match"]);
+    // A header length past the end of the file.
+    e.clear();
+    let mut huge = (1u64 << 40).to_le_bytes().to_vec();
+    huge.extend_from_slice(b"{}");
+    assert_bad_data("huge_header", &huge, &[], &["header"]);
+}
+
+#[test]
+fn missing_tensor_wrong_dtype_and_rank() {
+    assert_bad_data(
+        "missing",
+        &small_problem(&[], &["beta"], &[]),
+        &[],
+        &["beta", "got none"],
+    );
+    assert_bad_data(
+        "dtype",
+        &small_problem(
+            &[("q", "I32", vec![1, 5, 1, 4], f32_bytes(20, 0.5))],
+            &[],
+            &[],
+        ),
+        &[],
+        &["q", "dtype"],
+    );
+    assert_bad_data(
+        "rank",
+        &small_problem(&[("q", "F32", vec![5, 1, 4], f32_bytes(20, 0.5))], &[], &[]),
+        &[],
+        &["q", "rank 4"],
+    );
+    assert_bad_data(
+        "shape",
+        &small_problem(
+            &[("g", "F32", vec![1, 5, 3], f32_bytes(15, -0.1))],
+            &[],
+            &[],
+        ),
+        &[],
+        &["g", "[1, 5, 2]"],
+    );
+}
+
+#[test]
+fn hv_not_a_multiple_of_h() {
+    // H = 2, HV = 3.
+    let bytes = small_problem(
+        &[
+            ("q", "F32", vec![1, 5, 2, 4], f32_bytes(40, 0.5)),
+            ("k", "F32", vec![1, 5, 2, 4], f32_bytes(40, 0.5)),
+            ("v", "F32", vec![1, 5, 3, 3], f32_bytes(45, 1.0)),
+            ("g", "F32", vec![1, 5, 3], f32_bytes(15, -0.1)),
+            ("beta", "F32", vec![1, 5, 3], f32_bytes(15, 0.5)),
+        ],
+        &[],
+        &[],
+    );
+    assert_bad_data("hv", &bytes, &[], &["multiple of H", "HV = 3"]);
+}
+
+fn i64_bytes(v: &[i64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+#[test]
+fn bad_cu_seqlens() {
+    for (name, cu) in [
+        ("cu_start", vec![1i64, 5]),
+        ("cu_decreasing", vec![0, 3, 2, 5]),
+        ("cu_past_t", vec![0, 2, 9]),
+    ] {
+        let n = cu.len();
+        let bytes = small_problem(&[("cu_seqlens", "I64", vec![n], i64_bytes(&cu))], &[], &[]);
+        assert_bad_data(name, &bytes, &[], &["cu_seqlens"]);
+    }
+    // I32 offsets are accepted.
+    let cu32: Vec<u8> = [0i32, 2, 5].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let (o, out, _) = run_on(
+        "cu_i32",
+        &small_problem(&[("cu_seqlens", "I32", vec![3], cu32)], &[], &[]),
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(find(&read_st(&out), "final_state").2, vec![2, 2, 4, 3]);
+}
+
+#[test]
+fn gate_in_kernel_without_a_log_and_bad_metadata() {
+    assert_bad_data(
+        "gate",
+        &small_problem(&[], &[], &[("gate_in_kernel", "true")]),
+        &[],
+        &["A_log"],
+    );
+    // The same through the flag.
+    assert_bad_data(
+        "gate_flag",
+        &small_problem(&[], &[], &[]),
+        &["--gate-in-kernel"],
+        &["A_log"],
+    );
+    assert_bad_data(
+        "scale_text",
+        &small_problem(&[], &[], &[("scale", "\"abc\"")]),
+        &[],
+        &["scale", "number"],
+    );
+    assert_bad_data(
+        "scale_not_json",
+        &small_problem(&[], &[], &[("scale", "fast")]),
+        &[],
+        &["scale"],
+    );
+    assert_bad_data(
+        "chunk_meta",
+        &small_problem(&[], &[], &[("chunk_size", "48")]),
+        &[],
+        &["chunk_size", "16, 32 or 64"],
+    );
+    // Unknown keys are ignored.
+    let (o, _, _) = run_on(
+        "case_key",
+        &small_problem(&[], &[], &[("case", "whatever"), ("head_map", "\"tiled\"")]),
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn shapes_too_large_to_allocate() {
+    // K = V = 100000: the inputs are small, the state alone is 40 GB.
+    let n = 100_000;
+    let bytes = small_problem(
+        &[
+            ("q", "F32", vec![1, 1, 1, n], f32_bytes(n, 0.0)),
+            ("k", "F32", vec![1, 1, 1, n], f32_bytes(n, 0.0)),
+            ("v", "F32", vec![1, 1, 1, n], f32_bytes(n, 0.0)),
+            ("g", "F32", vec![1, 1, 1], f32_bytes(1, 0.0)),
+            ("beta", "F32", vec![1, 1, 1], f32_bytes(1, 0.0)),
+        ],
+        &[],
+        &[],
+    );
+    assert_bad_data("huge", &bytes, &[], &["too large"]);
+}
+
+#[test]
+fn existing_output_is_not_clobbered_on_failure() {
+    let dir = scratch("clobber");
+    let input = dir.join("in.safetensors");
+    std::fs::write(&input, small_problem(&[], &["v"], &[])).expect("write");
+    let out = dir.join("out.safetensors");
+    std::fs::write(&out, b"precious").expect("write");
+    let o = deltanet(&[
+        "run",
+        "--input",
+        input.to_str().expect("utf8"),
+        "--output",
+        out.to_str().expect("utf8"),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(std::fs::read(&out).expect("read"), b"precious");
+    assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 2);
+
+    // A successful run replaces it.
+    std::fs::write(&input, small_problem(&[], &[], &[])).expect("write");
+    let o = deltanet(&[
+        "run",
+        "--input",
+        input.to_str().expect("utf8"),
+        "--output",
+        out.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(find(&read_st(&out), "o").2, vec![1, 5, 2, 3]);
+    assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 2);
+}
+
+#[test]
+fn missing_input_and_output_folder() {
+    let dir = scratch("missing");
+    let o = deltanet(&[
+        "run",
+        "--input",
+        dir.join("nope.safetensors").to_str().expect("utf8"),
+        "--output",
+        dir.join("out.safetensors").to_str().expect("utf8"),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("nope.safetensors"), "{}", stderr(&o));
+    let f = vectors_dir().join("odd_dims.safetensors");
+    let o = deltanet(&[
+        "run",
+        "--input",
+        f.to_str().expect("utf8"),
+        "--output",
+        dir.join("no/such/dir/out.safetensors")
+            .to_str()
+            .expect("utf8"),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let f = vectors_dir().join("odd_dims.safetensors");
+    let f = f.to_str().expect("utf8");
+    for args in [
+        vec!["run"],
+        vec!["run", "--input", f],
+        vec!["frobnicate"],
+        vec![
+            "run",
+            "-i",
+            f,
+            "-o",
+            "/tmp/x.safetensors",
+            "--device",
+            "gpu",
+        ],
+        vec![
+            "run",
+            "-i",
+            f,
+            "-o",
+            "/tmp/x.safetensors",
+            "--chunk-size",
+            "48",
+        ],
+        vec!["run", "-i", f, "-o", "/tmp/x.safetensors", "--scale", "abc"],
+        vec![
+            "run",
+            "-i",
+            f,
+            "-o",
+            "/tmp/x.safetensors",
+            "--out-dtype",
+            "f64",
+        ],
+        vec!["bench", "--shape", "1,2,3"],
+        vec!["bench", "--shape", "1,64,2,3,4,4"],
+        vec!["selftest", "--count", "many"],
+    ] {
+        let o = deltanet(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"));
+    }
+    let o = deltanet(&["--help"]);
+    assert!(o.status.success());
+    for cmd in ["run", "demo", "bench", "selftest"] {
+        assert!(stdout(&o).contains(cmd), "help lacks {cmd}");
+    }
+}
+
+#[test]
+fn selftest_on_cpu_passes() {
+    let v = vectors_dir();
+    let o = deltanet(&[
+        "selftest",
+        "--device",
+        "cpu",
+        "--count",
+        "4",
+        "--seed",
+        "3",
+        "--vectors",
+        v.to_str().expect("utf8"),
+    ]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    let last = out.trim_end().lines().last().expect("a last line");
+    let (passed, rest) = last.split_once(" passed, ").expect("N passed, M failed");
+    assert!(passed.parse::<usize>().expect("count") > 50, "{last}");
+    assert_eq!(rest, "0 failed");
+    assert!(out.contains("vector varlen_f32.safetensors: forward o"));
+}
+
+#[test]
+fn selftest_reports_failures_with_exit_1() {
+    // A vectors folder with a broken file: that check fails, the suite exits 1.
+    let dir = scratch("selftest_fail");
+    std::fs::write(dir.join("broken.safetensors"), b"garbage").expect("write");
+    let o = deltanet(&[
+        "selftest",
+        "--device",
+        "cpu",
+        "--count",
+        "0",
+        "--vectors",
+        dir.to_str().expect("utf8"),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stdout(&o).trim_end().ends_with("0 passed, 1 failed"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn bench_writes_json() {
+    let dir = scratch("bench");
+    let json = dir.join("bench.json");
+    let o = deltanet(&[
+        "bench",
+        "--device",
+        "cpu",
+        "--shape",
+        "2,100,2,4,16,8",
+        "--dtype",
+        "f16",
+        "--repeats",
+        "3",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json file")).expect("valid JSON");
+    let results = v["results"].as_array().expect("results");
+    let works: Vec<&str> = results.iter().filter_map(|r| r["work"].as_str()).collect();
+    assert_eq!(works, ["prefill", "solve_tril", "decode"]);
+    for r in results {
+        assert_eq!(r["times_ms"].as_array().map(Vec::len), Some(3));
+        assert!(r["median_ms"].as_f64().is_some_and(|m| m >= 0.0));
+    }
+    assert!(results[0]["tokens_per_s"].as_f64().is_some_and(|x| x > 0.0));
+    assert!(results[1]["bytes_per_s"].as_f64().is_some_and(|x| x > 0.0));
+    assert_eq!(v["shape"]["T"], 100);
+    assert!(stdout(&o).contains("median ms"));
+}
+
+#[test]
+fn demo_runs_and_checks_itself() {
+    let o = deltanet(&["demo", "--device", "cpu", "--tokens", "256"]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    assert!(out.contains("tokens/s") && out.contains("rel err"), "{out}");
+}
+
+#[test]
+fn segmented_runs_match_whole_runs() {
+    let dir = scratch("segments");
+    for f in vector_files() {
+        let whole = dir.join("whole.safetensors");
+        let parts = dir.join("parts.safetensors");
+        for (out, seg) in [(&whole, "1000000"), (&parts, "100")] {
+            let o = deltanet(&[
+                "run",
+                "--input",
+                f.to_str().expect("utf8"),
+                "--output",
+                out.to_str().expect("utf8"),
+                "--out-dtype",
+                "f32",
+                "--device",
+                "cpu",
+                "--chunk-size",
+                "32",
+                "--intermediate-states",
+                "--segment-tokens",
+                seg,
+            ]);
+            assert!(o.status.success(), "{}: {}", f.display(), stderr(&o));
+        }
+        let (w, p) = (read_st(&whole), read_st(&parts));
+        for name in ["o", "final_state", "chunk_states"] {
+            let (a, b) = (find(&w, name), find(&p, name));
+            assert_eq!(a.2, b.2, "{}: {name} shape", f.display());
+            let b64: Vec<f64> = f32s(&b.3).iter().map(|&x| x as f64).collect();
+            let e = rel_l2(&f32s(&a.3), &b64);
+            assert!(e <= 1e-6, "{}: {name} differs by {e:e}", f.display());
+        }
+    }
+}
+
+#[test]
+fn segment_plans_tile_the_tokens_at_chunk_boundaries() {
+    use deltanet::selftest::Rng;
+    let mut rng = Rng::new(5);
+    for _ in 0..300 {
+        let t = rng.int(0, 400);
+        let n = rng.int(1, 6);
+        let mut cu: Vec<i64> = (0..n - 1).map(|_| rng.int(0, t) as i64).collect();
+        cu.push(0);
+        cu.push(t as i64);
+        cu.sort_unstable();
+        let opts = deltanet::Options {
+            chunk_size: [16, 32, 64][rng.int(0, 2)],
+            ..deltanet::Options::default()
+        };
+        let p = deltanet::Problem::new(
+            deltanet::Dims {
+                batch: 1,
+                seq_len: t,
+                heads: 1,
+                v_heads: 1,
+                dk: 2,
+                dv: 2,
+            },
+            Some(&cu),
+            &opts,
+        )
+        .expect("problem");
+        let max = rng.int(1, 200);
+        let plan = deltanet::io::plan_segments(&p, max);
+        let bt = opts.chunk_size;
+        let cap = (max / bt).max(1) * bt;
+        let mut next = 0;
+        let mut pieces_per_seq = vec![0usize; p.num_seqs()];
+        for seg in &plan {
+            let len: usize = seg.iter().map(|pc| pc.hi - pc.lo).sum();
+            assert!(len <= cap, "segment of {len} > {cap}");
+            for pc in seg {
+                assert_eq!(pc.lo, next, "pieces must be contiguous");
+                let (s, e) = p.seqs()[pc.n];
+                assert!(s <= pc.lo && pc.hi <= e);
+                assert!(pc.lo == s || (pc.lo - s) % bt == 0, "cut inside a chunk");
+                next = pc.hi;
+                pieces_per_seq[pc.n] += 1;
+            }
+        }
+        assert_eq!(next, t);
+        assert!(
+            pieces_per_seq.iter().all(|&c| c >= 1),
+            "a sequence is missing"
+        );
+    }
+}
+
+#[test]
+fn flags_can_turn_metadata_options_off() {
+    let seed = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/bf16.safetensors");
+    let dir = scratch("flags_off");
+    let out = dir.join("o.safetensors");
+    let o = deltanet(&[
+        "run",
+        "-i",
+        seed,
+        "-o",
+        out.to_str().expect("utf8"),
+        "--device",
+        "cpu",
+        "--use-qk-l2norm",
+        "false",
+        "--scale",
+        "null",
+        "--head-map",
+        "grouped",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&out).expect("read");
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("header");
+    let meta = meta.metadata().clone().expect("metadata");
+    // The file says l2norm on, scale 0.3, tiled, chunk 16; the flags win where given.
+    assert_eq!(meta["use_qk_l2norm"], "false");
+    assert_eq!(meta["scale"], "null");
+    assert_eq!(meta["head_map"], "\"grouped\"");
+    assert_eq!(meta["chunk_size"], "16");
+}
