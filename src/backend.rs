@@ -155,6 +155,20 @@ pub trait Backend {
         scale: f32,
     ) -> Result<Self::Buf>;
 
+    /// The whole chunked forward. By default the stages one after the other
+    /// ([`crate::chunk_forward`]); a device may run them fused, with the same results.
+    fn forward(
+        &self,
+        p: &Problem,
+        opts: &Options,
+        x: &StageInputs<Self::Buf>,
+    ) -> Result<crate::ForwardOut<Self::Buf>>
+    where
+        Self: Sized,
+    {
+        crate::chunk_forward(self, p, opts, x)
+    }
+
     /// The recurrence token by token, updating `state` (`[N, HV, K, V]`, or `[N, HV, V, K]` with
     /// `v_first`) in place and returning `o` `[B, T, HV, V]`. `g` and `beta` are already
     /// activated, q and k already normalised.

@@ -10,8 +10,8 @@ use crate::problem::Problem;
 pub struct ForwardOut<B> {
     /// `[B, T, HV, V]` f32.
     pub o: B,
-    /// The state entering each chunk, `[chunks, HV, K, V]`.
-    pub h: B,
+    /// The state entering each chunk, `[chunks, HV, K, V]`, with `Options::output_chunk_states`.
+    pub h: Option<B>,
     /// `[N, HV, K, V]`.
     pub final_state: B,
 }
@@ -77,5 +77,6 @@ pub fn chunk_forward<D: Backend>(
         final_state,
     } = dev.chunk_state(p, k, &wy, &gamma, x.h0.as_ref())?;
     let o = dev.chunk_output(p, q, k, &v_new, &h, &gamma, opts.scale_for(p.dk()))?;
+    let h = opts.output_chunk_states.then_some(h);
     Ok(ForwardOut { o, h, final_state })
 }

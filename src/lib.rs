@@ -194,17 +194,13 @@ pub fn upload_inputs<D: HostIo>(
 
 fn host_forward<D: HostIo>(dev: &D, p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<Output> {
     let si = upload_inputs(dev, p, x, opts)?;
-    let out = chunk_forward(dev, p, opts, &si)?;
+    let out = dev.forward(p, opts, &si)?;
     let final_state = if opts.output_final_state {
         Some(dev.download(&out.final_state)?)
     } else {
         None
     };
-    let h = if opts.output_chunk_states {
-        Some(dev.download(&out.h)?)
-    } else {
-        None
-    };
+    let h = out.h.as_ref().map(|h| dev.download(h)).transpose()?;
     host_output(p, x, opts, dev.download(&out.o)?, final_state, h)
 }
 

@@ -32,8 +32,8 @@ use deltanet::cpu::Cpu;
 use deltanet::cuda::CudaDevice;
 use deltanet::reference::{reference, rel_l2};
 use deltanet::{
-    activate, chunk_forward, forward, recurrent_step, upload_inputs, Backend, DType, Device,
-    HeadMap, HostIo, Inputs, Options, Problem, Tensor, CHUNK_SIZES,
+    activate, forward, recurrent_step, upload_inputs, Backend, DType, Device, HeadMap, HostIo,
+    Inputs, Options, Problem, Tensor, CHUNK_SIZES,
 };
 
 /// The GPU shared by the tests, or `None` (after saying why) where none can be used.
@@ -741,7 +741,7 @@ fn bench_forward_and_decode() {
         let mut times = Vec::new();
         for i in 0..33 {
             let ms = d
-                .time_ms(&mut || chunk_forward(d, &p, &opts, &si).map(|_| ()))
+                .time_ms(&mut || d.forward(&p, &opts, &si).map(|_| ()))
                 .unwrap();
             if i >= 3 {
                 times.push(ms);

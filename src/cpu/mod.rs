@@ -24,9 +24,12 @@ pub use recurrent::recurrent;
 pub use solve_tril::solve_tril;
 pub use wy::recompute_w_u;
 
-use crate::backend::{Backend, ChunkStates, Gamma, Wy};
+use crate::backend::{Backend, ChunkStates, Gamma, StageInputs, Wy};
+use crate::dtype::Tensor;
 use crate::error::Result;
+use crate::forward::ForwardOut;
 use crate::options::Options;
+use crate::problem::Inputs;
 use crate::problem::{Chunk, Problem};
 
 /// The CPU device. Buffers are `Vec<f32>`.
@@ -104,6 +107,50 @@ impl Backend for Cpu {
         scale: f32,
     ) -> Result<Vec<f32>> {
         chunk_output(p, q, k, v_new, h, gamma, scale)
+    }
+    /// The fused forward ([`fused_forward`]) on f32 buffers: what `deltanet::forward` runs, so
+    /// timings of this method are the library's CPU speed.
+    fn forward(
+        &self,
+        p: &Problem,
+        opts: &Options,
+        x: &StageInputs<Vec<f32>>,
+    ) -> Result<ForwardOut<Vec<f32>>> {
+        let d = p.dims();
+        let inputs = Inputs {
+            q: Tensor::f32_view(&x.q, vec![d.batch, d.seq_len, d.heads, d.dk])?,
+            k: Tensor::f32_view(&x.k, vec![d.batch, d.seq_len, d.heads, d.dk])?,
+            v: Tensor::f32_view(&x.v, vec![d.batch, d.seq_len, d.v_heads, d.dv])?,
+            g: Tensor::f32_view(&x.g, vec![d.batch, d.seq_len, d.v_heads])?,
+            beta: Tensor::f32_view(&x.beta, vec![d.batch, d.seq_len, d.v_heads])?,
+            initial_state: x
+                .h0
+                .as_ref()
+                .map(|h| Tensor::f32_view(h, p.state_shape(false).to_vec()))
+                .transpose()?,
+            cu_seqlens: None,
+            a_log: x
+                .a_log
+                .as_ref()
+                .map(|a| Tensor::f32_view(a, vec![d.v_heads]))
+                .transpose()?,
+            dt_bias: x
+                .dt_bias
+                .as_ref()
+                .map(|a| Tensor::f32_view(a, vec![d.v_heads]))
+                .transpose()?,
+        };
+        // Stage inputs hold K-major states whatever the caller's layout.
+        let opts = Options {
+            state_v_first: false,
+            ..opts.clone()
+        };
+        let f = fused::fused(p, &inputs, &opts)?;
+        Ok(ForwardOut {
+            o: f.o,
+            h: f.h,
+            final_state: f.final_state,
+        })
     }
     fn recurrent(
         &self,

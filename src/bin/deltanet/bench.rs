@@ -4,9 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use deltanet::selftest::{layer_inputs, Rng};
-use deltanet::{
-    activate, chunk_forward, cpu, upload_inputs, DType, Device, HostIo, Options, Problem,
-};
+use deltanet::{activate, cpu, upload_inputs, DType, Device, HostIo, Options, Problem};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
@@ -313,7 +311,7 @@ fn bench_on<D: HostIo>(
         dev.synchronize()?;
         if works.contains(&Work::Prefill) {
             let times = time_n(dev, a, bar, "prefill", &mut || {
-                chunk_forward(dev, &p, opts, &s).map(|_| ())
+                dev.forward(&p, opts, &s).map(|_| ())
             })?;
             rows.push(Row {
                 work: "prefill",

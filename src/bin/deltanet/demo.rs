@@ -5,8 +5,7 @@ use std::process::ExitCode;
 use deltanet::reference::rel_l2;
 use deltanet::selftest::{forward_tolerance, layer_inputs, Rng};
 use deltanet::{
-    chunk_forward, cpu, forward, recurrent_step, upload_inputs, DType, Device, HostIo, Inputs,
-    Options, Problem,
+    cpu, forward, recurrent_step, upload_inputs, DType, Device, HostIo, Inputs, Options, Problem,
 };
 
 use crate::{device_arg, open_device, CmdResult, Failure};
@@ -125,5 +124,5 @@ fn device_ms<D: HostIo>(dev: &D, x: &Inputs<'_>, opts: &Options) -> deltanet::Re
     let p = Problem::from_inputs(x, opts)?;
     let si = upload_inputs(dev, &p, x, opts)?;
     dev.synchronize()?;
-    dev.time_ms(&mut || chunk_forward(dev, &p, opts, &si).map(|_| ()))
+    dev.time_ms(&mut || dev.forward(&p, opts, &si).map(|_| ()))
 }
