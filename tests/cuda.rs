@@ -101,11 +101,13 @@ fn random_case(seed: u64) -> Case {
         (r.int(1, 2), r.int(1, 200), None)
     };
     let dtype = pick(&mut r, &[DType::F32, DType::BF16, DType::F16]);
+    let beta_is_logits = r.int(0, 1) == 1;
     let opts = Options {
         scale: if r.int(0, 1) == 0 { None } else { Some(0.3) },
         use_qk_l2norm: r.int(0, 1) == 1,
-        beta_is_logits: r.int(0, 1) == 1,
-        allow_neg_eigval: r.int(0, 1) == 1,
+        beta_is_logits,
+        // Doubling sigmoid(beta) only exists with logits; anything else is refused.
+        allow_neg_eigval: beta_is_logits && r.int(0, 1) == 1,
         gate_in_kernel: r.int(0, 2) == 0,
         state_v_first: r.int(0, 1) == 1,
         chunk_size,
@@ -791,4 +793,16 @@ fn bench_forward_and_decode() {
         "decode N={n} H={h} HV={hv} K={dk} V={dv}: median {ms:.3} ms ({:.2} TB/s of state read+written)",
         2.0 * (n * hv * dk * dv * 4) as f64 / ms / 1e9
     );
+}
+
+/// Runs without a GPU: every random case the GPU tests draw is a valid problem, so a GPU test
+/// can fail only on the GPU's results.
+#[test]
+fn random_cases_are_valid_problems() {
+    for seed in 0..cases() as u64 {
+        let c = random_case(seed);
+        if let Err(e) = Problem::from_inputs(&c.x, &c.opts) {
+            panic!("{}: {e}", c.label);
+        }
+    }
 }
