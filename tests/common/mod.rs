@@ -102,52 +102,8 @@ pub fn make(values: Vec<f32>, shape: Vec<usize>, dtype: DType) -> Tensor<'static
     Tensor::cast_from_f32(&values, shape, dtype).unwrap()
 }
 
-/// A small deterministic generator (SplitMix64) for test data; proptest picks the seed.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    pub fn uniform(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    /// Uniform in [lo, hi).
-    pub fn range(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * self.uniform()
-    }
-    /// Uniform integer in [lo, hi].
-    pub fn int(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
-    }
-    /// Standard normal values times `std`.
-    pub fn normal(&mut self, n: usize, std: f32) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                let u1 = self.uniform().max(1e-7);
-                let u2 = self.uniform();
-                std * (-2.0f32 * u1.ln()).sqrt() * (2.0 * std::f32::consts::PI * u2).cos()
-            })
-            .collect()
-    }
-}
-
-/// Rows of `dim` scaled to unit length.
-pub fn unit_rows(mut x: Vec<f32>, dim: usize) -> Vec<f32> {
-    for row in x.chunks_exact_mut(dim) {
-        let n = row.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
-        row.iter_mut().for_each(|v| *v /= n);
-    }
-    x
-}
+/// The library's test-data generator and unit rows, shared with `deltanet selftest`.
+pub use deltanet::selftest::{unit_rows, Rng};
 
 pub fn rounded(x: &[f32], dtype: DType) -> Vec<f32> {
     match dtype {
