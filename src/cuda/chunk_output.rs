@@ -1,6 +1,6 @@
 use cudarc::driver::PushKernelArg;
 
-use super::{cfg, check, cuda_err, i, tiled, Buf, CudaDevice};
+use super::{cfg, cuda_err, i, tiled, Buf, CudaDevice};
 use crate::backend::Gamma;
 use crate::error::Result;
 use crate::problem::Problem;
@@ -19,13 +19,11 @@ pub(super) fn chunk_output(
 ) -> Result<Buf> {
     let (nh, hv, dk, dv, bt) = (p.heads(), p.v_heads(), p.dk(), p.dv(), p.chunk_size());
     let n = p.tokens() * hv;
-    check("q", q, p.tokens() * nh * dk)?;
-    check("k", k, p.tokens() * nh * dk)?;
-    check("v_new", v_new, n * dv)?;
-    check("h", h, p.chunks().len() * hv * p.state_len())?;
-    check("gamma", &gamma.gamma, n)?;
-    check("lo", &gamma.lo, n)?;
-    check("seg", &gamma.seg, n)?;
+    dev.check("q", q, p.tokens() * nh * dk)?;
+    dev.check("k", k, p.tokens() * nh * dk)?;
+    dev.check("v_new", v_new, n * dv)?;
+    dev.check("h", h, p.chunks().len() * hv * p.state_len())?;
+    dev.check_gamma(gamma, n)?;
     let mut o = dev.uninit(n * dv, "o")?;
     let items = p.chunks().len() * hv;
     if items == 0 {

@@ -1,7 +1,7 @@
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::PushKernelArg;
 
-use super::{cfg, check, cuda_err, i, tiled, Buf, CudaDevice};
+use super::{cfg, cuda_err, i, tiled, Buf, CudaDevice};
 use crate::backend::{ChunkStates, Gamma, Wy};
 use crate::error::{Error, Result};
 use crate::problem::Problem;
@@ -25,14 +25,12 @@ pub(super) fn chunk_state(
     let (h, hv, dk, dv, bt) = (p.heads(), p.v_heads(), p.dk(), p.dv(), p.chunk_size());
     let n = p.tokens() * hv;
     let kv = p.state_len();
-    check("k", k, p.tokens() * h * dk)?;
-    check("w", &wy.w, n * dk)?;
-    check("u", &wy.u, n * dv)?;
-    check("gamma", &gamma.gamma, n)?;
-    check("lo", &gamma.lo, n)?;
-    check("seg", &gamma.seg, n)?;
+    dev.check("k", k, p.tokens() * h * dk)?;
+    dev.check("w", &wy.w, n * dk)?;
+    dev.check("u", &wy.u, n * dv)?;
+    dev.check_gamma(gamma, n)?;
     if let Some(h0) = h0 {
-        check("initial_state", h0, p.num_seqs() * hv * kv)?;
+        dev.check("initial_state", h0, p.num_seqs() * hv * kv)?;
     }
     // Shared memory: the state tile, the v_new tile and decays, and, when they fit, the
     // chunk's w and k rows.
@@ -50,9 +48,12 @@ pub(super) fn chunk_state(
     }
     if tile_bytes(vt) > limit {
         return Err(Error::invalid(
-            "K",
-            format!("at most {} on this GPU", limit / 4 - 2 * bt - 1),
-            dk,
+            "k",
+            format!(
+                "K (k.shape[3]) at most {} on this GPU",
+                (limit / 4).saturating_sub(2 * bt)
+            ),
+            format!("K = {dk}"),
         ));
     }
     let staged = tile_bytes(vt) + staged_bytes <= limit;
@@ -70,9 +71,11 @@ pub(super) fn chunk_state(
     }
     let t = dev.tables(p)?;
     let f = dev.function("chunk_state", Some(bt), "chunk_state")?;
+    // Always the same value (the device's opt-in limit), so threads sharing the cached function
+    // cannot race each other's launches; each launch asks for `shared` within it.
     f.set_attribute(
         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        shared as i32,
+        i32::try_from(limit).unwrap_or(i32::MAX),
     )
     .map_err(cuda_err("setting chunk_state's shared memory"))?;
     // Without an initial state the kernel reads none; k stands in as a valid pointer.

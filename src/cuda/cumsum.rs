@@ -1,6 +1,6 @@
 use cudarc::driver::PushKernelArg;
 
-use super::{cfg, check, cuda_err, i, Buf, CudaDevice};
+use super::{cfg, cuda_err, i, Buf, CudaDevice};
 use crate::backend::{Gamma, RESET_LOG_DECAY};
 use crate::error::Result;
 use crate::problem::Problem;
@@ -9,7 +9,7 @@ use crate::problem::Problem;
 /// [`Gamma`]).
 pub(super) fn chunk_local_cumsum(dev: &CudaDevice, p: &Problem, g: &Buf) -> Result<Gamma<Buf>> {
     let hv = p.v_heads();
-    check("g", g, p.tokens() * hv)?;
+    dev.check("g", g, p.tokens() * hv)?;
     let mut gamma = dev.uninit(g.len(), "gamma")?;
     let mut lo = dev.uninit(g.len(), "lo")?;
     let mut seg = dev.uninit(g.len(), "seg")?;

@@ -1,6 +1,6 @@
 use cudarc::driver::PushKernelArg;
 
-use super::{cfg, check, cuda_err, i, Buf, CudaDevice};
+use super::{cfg, cuda_err, i, Buf, CudaDevice};
 use crate::error::{Error, Result};
 use crate::options::Options;
 use crate::problem::Problem;
@@ -17,8 +17,8 @@ pub(super) fn gate(
 ) -> Result<(Buf, Buf)> {
     let hv = p.v_heads();
     let n = p.tokens() * hv;
-    check("g", g, n)?;
-    check("beta", beta, n)?;
+    dev.check("g", g, n)?;
+    dev.check("beta", beta, n)?;
     let (a_log, dt_bias) = if opts.gate_in_kernel {
         let a_log = a_log.ok_or_else(|| {
             Error::invalid("A_log", "a [HV] tensor (gate_in_kernel is on)", "none")
@@ -26,8 +26,8 @@ pub(super) fn gate(
         let dt_bias = dt_bias.ok_or_else(|| {
             Error::invalid("dt_bias", "a [HV] tensor (gate_in_kernel is on)", "none")
         })?;
-        check("A_log", a_log, hv)?;
-        check("dt_bias", dt_bias, hv)?;
+        dev.check("A_log", a_log, hv)?;
+        dev.check("dt_bias", dt_bias, hv)?;
         (a_log, dt_bias)
     } else {
         // Not read by the kernel without gate_in_kernel; any valid pointer will do.

@@ -1,6 +1,6 @@
 use cudarc::driver::PushKernelArg;
 
-use super::{cfg, check, cuda_err, i, tiled, Buf, CudaDevice};
+use super::{cfg, cuda_err, i, tiled, Buf, CudaDevice};
 use crate::backend::Gamma;
 use crate::error::Result;
 use crate::problem::Problem;
@@ -15,10 +15,9 @@ pub(super) fn chunk_scaled_dot_kkt(
     gamma: &Gamma<Buf>,
 ) -> Result<Buf> {
     let (h, hv, dk, bt) = (p.heads(), p.v_heads(), p.dk(), p.chunk_size());
-    check("k", k, p.tokens() * h * dk)?;
-    check("beta", beta, p.tokens() * hv)?;
-    check("gamma", &gamma.gamma, p.tokens() * hv)?;
-    check("seg", &gamma.seg, p.tokens() * hv)?;
+    dev.check("k", k, p.tokens() * h * dk)?;
+    dev.check("beta", beta, p.tokens() * hv)?;
+    dev.check_gamma(gamma, p.tokens() * hv)?;
     // Zeroed: the kernel writes only the strictly lower triangle of each block.
     let mut a = dev.zeros(p.tokens() * hv * bt, "A_strict")?;
     let items = p.chunks().len() * hv;

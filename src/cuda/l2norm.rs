@@ -1,14 +1,14 @@
 use cudarc::driver::PushKernelArg;
 
 use super::{cfg, cuda_err, i, Buf, CudaDevice};
-use crate::error::{check_len, Result};
+use crate::error::Result;
 
 /// Rows per block of the l2norm kernel (one warp each).
 const ROWS_PER_BLOCK: usize = 8;
 
 /// `x / sqrt(sum x^2 + 1e-6)` over each of `rows` rows of `dim` elements.
 pub(super) fn l2norm(dev: &CudaDevice, x: &Buf, rows: usize, dim: usize) -> Result<Buf> {
-    check_len("x", x.len(), rows.saturating_mul(dim))?;
+    dev.check("x", x, rows.saturating_mul(dim))?;
     let mut y = dev.uninit(x.len(), "l2norm output")?;
     if x.is_empty() {
         return Ok(y);

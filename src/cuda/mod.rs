@@ -104,7 +104,7 @@ fn open(ordinal: usize) -> Result<CudaDevice> {
         ordinal,
         arch: format!("sm_{major}{minor}"),
         gpu_name,
-        max_shared: usize::try_from(max_shared).unwrap_or(0).max(48 * 1024),
+        max_shared: usize::try_from(max_shared).unwrap_or(0),
         functions: Mutex::new(HashMap::new()),
         tables: Mutex::new(Vec::new()),
     })
@@ -156,7 +156,7 @@ impl CudaDevice {
     }
 
     /// The stream all of this device's work is queued on.
-    pub fn stream(&self) -> &Arc<CudaStream> {
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
 
@@ -264,11 +264,6 @@ pub(crate) fn cfg(blocks: usize, threads: u32, shared_mem_bytes: u32) -> LaunchC
     }
 }
 
-/// Checks that a device buffer holds exactly `want` elements.
-pub(crate) fn check(arg: &'static str, buf: &Buf, want: usize) -> Result<()> {
-    crate::error::check_len(arg, buf.len(), want)
-}
-
 /// `1` for the tiled head map, `0` for grouped (the kernels' `tiled` flag).
 pub(crate) fn tiled(p: &Problem) -> i32 {
     i32::from(p.head_map() == HeadMap::Tiled)
@@ -277,6 +272,30 @@ pub(crate) fn tiled(p: &Problem) -> i32 {
 /// i64 of a size (every size fits: [`Problem`] bounds element counts by `isize::MAX / 8`).
 pub(crate) fn i(x: usize) -> i64 {
     x as i64
+}
+
+impl CudaDevice {
+    /// Checks that a buffer holds exactly `want` elements and lives on this device's stream:
+    /// work is ordered by that one stream alone (no per-buffer events), so a buffer of another
+    /// stream or device would race or be an invalid pointer.
+    pub(crate) fn check(&self, arg: &'static str, buf: &Buf, want: usize) -> Result<()> {
+        crate::error::check_len(arg, buf.len(), want)?;
+        if !Arc::ptr_eq(buf.stream(), &self.stream) {
+            return Err(Error::invalid(
+                arg,
+                "a buffer made by this CudaDevice",
+                "a buffer of another stream or device",
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`CudaDevice::check`] for the three buffers of a [`Gamma`], `n` elements each.
+    pub(crate) fn check_gamma(&self, gamma: &Gamma<Buf>, n: usize) -> Result<()> {
+        self.check("gamma", &gamma.gamma, n)?;
+        self.check("lo", &gamma.lo, n)?;
+        self.check("seg", &gamma.seg, n)
+    }
 }
 
 impl Backend for CudaDevice {
@@ -370,6 +389,7 @@ impl crate::HostIo for CudaDevice {
             .map_err(cuda_err(format!("uploading {} elements", data.len())))
     }
     fn download(&self, buf: &Buf) -> Result<Vec<f32>> {
+        self.check("buffer", buf, buf.len())?;
         if buf.is_empty() {
             return Ok(Vec::new());
         }
@@ -378,7 +398,13 @@ impl crate::HostIo for CudaDevice {
             .map_err(cuda_err(format!("downloading {} elements", buf.len())))
     }
     fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().map_err(cuda_err("synchronizing"))
+        self.stream
+            .synchronize()
+            .map_err(cuda_err("synchronizing"))?;
+        // Errors of asynchronous frees are parked in the context by cudarc's destructors.
+        self.ctx
+            .check_err()
+            .map_err(cuda_err("an earlier asynchronous operation"))
     }
     fn time_ms(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);

@@ -1,6 +1,6 @@
 use cudarc::driver::PushKernelArg;
 
-use super::{cfg, check, cuda_err, i, tiled, Buf, CudaDevice};
+use super::{cfg, cuda_err, i, tiled, Buf, CudaDevice};
 use crate::error::Result;
 use crate::problem::Problem;
 
@@ -27,12 +27,12 @@ pub(super) fn recurrent(
 ) -> Result<Buf> {
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let n = p.tokens() * hv;
-    check("q", q, p.tokens() * nh * dk)?;
-    check("k", k, p.tokens() * nh * dk)?;
-    check("v", v, n * dv)?;
-    check("g", g, n)?;
-    check("beta", beta, n)?;
-    check("state", state, p.num_seqs() * hv * p.state_len())?;
+    dev.check("q", q, p.tokens() * nh * dk)?;
+    dev.check("k", k, p.tokens() * nh * dk)?;
+    dev.check("v", v, n * dv)?;
+    dev.check("g", g, n)?;
+    dev.check("beta", beta, n)?;
+    dev.check("state", state, p.num_seqs() * hv * p.state_len())?;
     let mut o = dev.uninit(n * dv, "o")?;
     if n == 0 {
         return Ok(o);

@@ -1,6 +1,6 @@
 use cudarc::driver::PushKernelArg;
 
-use super::{cfg, check, cuda_err, i, Buf, CudaDevice};
+use super::{cfg, cuda_err, i, Buf, CudaDevice};
 use crate::error::Result;
 use crate::problem::Problem;
 
@@ -8,7 +8,7 @@ use crate::problem::Problem;
 /// chunk is a smaller block; columns past it stay zero.
 pub(super) fn solve_tril(dev: &CudaDevice, p: &Problem, a_strict: &Buf) -> Result<Buf> {
     let (hv, bt) = (p.v_heads(), p.chunk_size());
-    check("A_strict", a_strict, p.tokens() * hv * bt)?;
+    dev.check("A_strict", a_strict, p.tokens() * hv * bt)?;
     // Zeroed: the kernel writes only the lower triangle (diagonal included) of each block.
     let mut a_inv = dev.zeros(a_strict.len(), "A_inv")?;
     let items = p.chunks().len() * hv;

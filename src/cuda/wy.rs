@@ -1,6 +1,6 @@
 use cudarc::driver::PushKernelArg;
 
-use super::{cfg, check, cuda_err, i, tiled, Buf, CudaDevice};
+use super::{cfg, cuda_err, i, tiled, Buf, CudaDevice};
 use crate::backend::{Gamma, Wy};
 use crate::error::Result;
 use crate::problem::Problem;
@@ -17,13 +17,11 @@ pub(super) fn recompute_w_u(
 ) -> Result<Wy<Buf>> {
     let (h, hv, dk, dv, bt) = (p.heads(), p.v_heads(), p.dk(), p.dv(), p.chunk_size());
     let n = p.tokens() * hv;
-    check("k", k, p.tokens() * h * dk)?;
-    check("v", v, n * dv)?;
-    check("beta", beta, n)?;
-    check("gamma", &gamma.gamma, n)?;
-    check("lo", &gamma.lo, n)?;
-    check("seg", &gamma.seg, n)?;
-    check("A_inv", a_inv, n * bt)?;
+    dev.check("k", k, p.tokens() * h * dk)?;
+    dev.check("v", v, n * dv)?;
+    dev.check("beta", beta, n)?;
+    dev.check_gamma(gamma, n)?;
+    dev.check("A_inv", a_inv, n * bt)?;
     let mut w = dev.uninit(n * dk, "w")?;
     let mut u = dev.uninit(n * dv, "u")?;
     let items = p.chunks().len() * hv;
