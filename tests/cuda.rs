@@ -389,7 +389,13 @@ fn gpu_forward_matches_oracle() {
         assert_eq!(
             out.o.as_bytes(),
             again.o.as_bytes(),
-            "{}: two runs differ",
+            "{}: two runs differ (o)",
+            c.label
+        );
+        assert_eq!(
+            out.final_state.as_ref().map(|s| s.as_bytes()),
+            again.final_state.as_ref().map(|s| s.as_bytes()),
+            "{}: two runs differ (final_state)",
             c.label
         );
     }
@@ -431,6 +437,11 @@ fn gpu_forward_matches_vectors() {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(common::vectors_dir);
     let Ok(entries) = std::fs::read_dir(&dir) else {
+        // Asked for by path, they must be there.
+        assert!(
+            std::env::var_os("DELTANET_VECTORS").is_none(),
+            "no conformance vectors at {dir:?}"
+        );
         eprintln!("skipped: no conformance vectors at {dir:?}");
         return;
     };
