@@ -19,6 +19,23 @@ use crate::error::{Error, Result};
 use crate::options::{HeadMap, Options, CHUNK_SIZES};
 use crate::problem::{Inputs, Problem};
 
+/// The tensors an input file may hold: FLA's argument names, and the vector files' answers.
+pub const TENSOR_NAMES: [&str; 13] = [
+    "q",
+    "k",
+    "v",
+    "g",
+    "beta",
+    "initial_state",
+    "cu_seqlens",
+    "A_log",
+    "dt_bias",
+    "o_ref",
+    "final_state_ref",
+    "o_fla",
+    "final_state_fla",
+];
+
 /// The metadata keys read as options.
 pub const OPTION_KEYS: [&str; 8] = [
     "scale",
@@ -305,6 +322,16 @@ pub fn parse<'a>(bytes: &'a [u8], path: &Path) -> Result<ProblemFile<'a>> {
     let (_, meta) =
         SafeTensors::read_metadata(bytes).map_err(|e| Error::file(path, st_error(e)))?;
     let st = SafeTensors::deserialize(bytes).map_err(|e| Error::file(path, st_error(e)))?;
+    // A misspelt tensor (`initial_states`) would otherwise be silently left out.
+    if let Some(name) = st.names().into_iter().find(|n| !TENSOR_NAMES.contains(n)) {
+        return Err(Error::file(
+            path,
+            format!(
+                "tensor {name}: expected one of {}, got an unknown name",
+                TENSOR_NAMES.join(", ")
+            ),
+        ));
+    }
     let metadata = meta.metadata().clone().unwrap_or_default();
     let mut options = Options::default();
     for key in OPTION_KEYS {
@@ -412,24 +439,22 @@ pub fn check_memory(path: &Path, p: &Problem, opts: &Options) -> Result<()> {
     Ok(())
 }
 
-struct View<'t, 'a>(&'t Tensor<'a>);
-
-impl safetensors::View for View<'_, '_> {
-    fn dtype(&self) -> Dtype {
-        match self.0.dtype() {
-            DType::F32 => Dtype::F32,
-            DType::BF16 => Dtype::BF16,
-            DType::F16 => Dtype::F16,
+/// Fails with a clear error when the initial and final states of every sequence of `p` would not
+/// fit in the memory available.
+pub fn check_states(path: &Path, p: &Problem) -> Result<()> {
+    let need = 2 * 4 * (p.num_seqs() as u128) * (p.v_heads() as u128) * (p.state_len() as u128);
+    match available_memory() {
+        Some(avail) if need > avail => {
+            let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+            Err(Error::file(
+                path,
+                format!(
+                    "states too large to allocate: N={} HV={} K={} V={} need about {:.1} GiB, {:.1} GiB available",
+                    p.num_seqs(), p.v_heads(), p.dk(), p.dv(), gib(need), gib(avail)
+                ),
+            ))
         }
-    }
-    fn shape(&self) -> &[usize] {
-        self.0.shape()
-    }
-    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-        std::borrow::Cow::Borrowed(self.0.as_bytes())
-    }
-    fn data_len(&self) -> usize {
-        self.0.as_bytes().len()
+        _ => Ok(()),
     }
 }
 
@@ -442,23 +467,6 @@ impl Drop for TempGuard {
             let _ = std::fs::remove_file(p);
         }
     }
-}
-
-/// Writes `tensors` (with `metadata`) as a safetensors file at `path`, atomically (see
-/// [`write_atomic_with`]).
-pub fn write_atomic(
-    path: &Path,
-    tensors: &[(&str, &Tensor<'_>)],
-    metadata: HashMap<String, String>,
-) -> Result<()> {
-    let views: Vec<(String, View<'_, '_>)> = tensors
-        .iter()
-        .map(|(n, t)| (n.to_string(), View(t)))
-        .collect();
-    write_atomic_with(path, |file| {
-        serialize_streaming(views, metadata, file)
-            .map_err(|e| Error::file(path, format!("cannot write: {e}")))
-    })
 }
 
 /// Creates a file at `path` atomically: `write` fills a new temporary file in the same folder,
@@ -516,48 +524,6 @@ pub fn write_atomic_with(path: &Path, write: impl FnOnce(&mut File) -> Result<()
         let _ = d.sync_all();
     }
     Ok(())
-}
-
-fn serialize_streaming(
-    views: Vec<(String, View<'_, '_>)>,
-    metadata: HashMap<String, String>,
-    file: &mut File,
-) -> std::io::Result<()> {
-    use safetensors::View as _;
-    let mut sorted = views;
-    // The layout safetensors itself writes: larger alignments first, then by name, so every
-    // tensor starts aligned for its element type.
-    sorted.sort_by(|(ln, l), (rn, r)| r.dtype().cmp(&l.dtype()).then(ln.cmp(rn)));
-    let mut header = serde_json::Map::new();
-    if !metadata.is_empty() {
-        let m: serde_json::Map<String, Value> = metadata
-            .into_iter()
-            .map(|(k, v)| (k, Value::String(v)))
-            .collect();
-        header.insert("__metadata__".into(), Value::Object(m));
-    }
-    let mut offset = 0usize;
-    for (name, v) in &sorted {
-        let n = v.data_len();
-        header.insert(
-            name.clone(),
-            serde_json::json!({
-                "dtype": v.dtype(),
-                "shape": v.shape(),
-                "data_offsets": [offset, offset + n],
-            }),
-        );
-        offset += n;
-    }
-    let mut hbytes = serde_json::to_vec(&Value::Object(header)).map_err(std::io::Error::other)?;
-    hbytes.resize(hbytes.len().next_multiple_of(8), b' ');
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
-    w.write_all(&(hbytes.len() as u64).to_le_bytes())?;
-    w.write_all(&hbytes)?;
-    for (_, v) in &sorted {
-        w.write_all(&v.data())?;
-    }
-    w.flush()
 }
 
 /// One sequence's part of a segment: flat tokens `lo..hi` of sequence `n`.

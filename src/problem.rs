@@ -92,6 +92,17 @@ pub struct Problem {
     chunks: Vec<Chunk>,
 }
 
+/// An empty table with room for `n` rows, or an `Err` (not an abort) when the shapes ask for
+/// more than memory can hold.
+fn table<T>(arg: &'static str, n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::Overflow {
+        arg,
+        detail: format!("a table of {n} sequences or chunks cannot be allocated"),
+    })?;
+    Ok(v)
+}
+
 fn dims_of(arg: &'static str, t: &Tensor<'_>, rank: usize) -> Result<Vec<usize>> {
     if t.shape().len() != rank {
         return Err(Error::invalid(
@@ -156,9 +167,11 @@ impl Problem {
         checked_numel("initial_state", &[tokens.max(batch), v_heads, dk, dv])?;
 
         let seqs: Vec<(usize, usize)> = match cu_seqlens {
-            None => (0..batch)
-                .map(|b| (b * seq_len, (b + 1) * seq_len))
-                .collect(),
+            None => {
+                let mut seqs = table("q", batch)?;
+                seqs.extend((0..batch).map(|b| (b * seq_len, (b + 1) * seq_len)));
+                seqs
+            }
             Some(cu) => {
                 if batch != 1 {
                     return Err(Error::invalid(
@@ -202,7 +215,7 @@ impl Problem {
         // With varlen, empty sequences make N exceed the tokens: size the states by N itself.
         checked_numel("initial_state", &[seqs.len(), v_heads, dk, dv])?;
         let bt = opts.chunk_size;
-        let mut chunks = Vec::with_capacity(tokens / bt + seqs.len());
+        let mut chunks = table("q", tokens / bt + seqs.len())?;
         for (seq, &(s, e)) in seqs.iter().enumerate() {
             let mut start = s;
             while start < e {

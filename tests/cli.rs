@@ -769,3 +769,76 @@ fn flags_can_turn_metadata_options_off() {
     assert_eq!(meta["head_map"], "\"grouped\"");
     assert_eq!(meta["chunk_size"], "16");
 }
+
+#[test]
+fn unknown_tensor_names_are_refused() {
+    // A misspelt initial state would otherwise be dropped silently.
+    let typo = (
+        "initial_states",
+        "F32",
+        vec![1, 2, 4, 3],
+        f32_bytes(24, 1.0),
+    );
+    assert_bad_data(
+        "typo",
+        &small_problem(&[typo], &[], &[]),
+        &[],
+        &["tensor initial_states", "unknown name"],
+    );
+}
+
+#[test]
+fn output_must_be_a_regular_file_other_than_the_input() {
+    let dir = scratch("special-output");
+    let input = dir.join("in.safetensors");
+    let bytes = small_problem(&[], &[], &[]);
+    std::fs::write(&input, &bytes).expect("write input");
+    let fifo = dir.join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let inp = input.to_str().expect("utf8");
+    let o = deltanet(&[
+        "run",
+        "-i",
+        inp,
+        "-o",
+        fifo.to_str().expect("utf8"),
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("special file"), "{}", stderr(&o));
+    let o = deltanet(&["run", "-i", inp, "-o", inp, "--device", "cpu"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("the input itself"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(&input).expect("read input"),
+        bytes,
+        "input changed"
+    );
+}
+
+#[test]
+fn a_failed_rename_leaves_nothing_behind() {
+    // The output names a folder path that does not exist below an existing file: the data is
+    // computed and written to the temporary file, then the final step fails.
+    let dir = scratch("failed-rename");
+    let input = dir.join("in.safetensors");
+    std::fs::write(&input, small_problem(&[], &[], &[])).expect("write input");
+    let out = format!("{}/", dir.join("out.safetensors").display());
+    let o = deltanet(&[
+        "run",
+        "-i",
+        input.to_str().expect("utf8"),
+        "-o",
+        &out,
+        "--device",
+        "cpu",
+    ]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "files left behind: {left:?}");
+}

@@ -243,33 +243,14 @@ pub fn main(a: Args) -> CmdResult {
         });
         let text = serde_json::to_string_pretty(&doc)
             .map_err(|e| Failure::data(format!("--json: {e}")))?;
-        write_text_atomic(path, &text)?;
+        deltanet::io::write_atomic_with(path, |f| {
+            use std::io::Write;
+            f.write_all(text.as_bytes())
+                .and_then(|()| f.write_all(b"\n"))
+                .map_err(|e| deltanet::Error::file(path, format!("cannot write: {e}")))
+        })?;
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Writes a text file through a temporary file and a rename, so a reader never sees half of it.
-fn write_text_atomic(path: &std::path::Path, text: &str) -> Result<(), Failure> {
-    let name = path.file_name().ok_or_else(|| {
-        Failure::usage(format!("--json {}: expected a file name", path.display()))
-    })?;
-    let tmp = path.with_file_name(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let r = (|| -> std::io::Result<()> {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    r.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Failure::data(format!("{}: cannot write: {e}", path.display()))
-    })
 }
 
 fn time_n<D: HostIo>(

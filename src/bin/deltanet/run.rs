@@ -140,6 +140,25 @@ pub fn main(a: Args) -> CmdResult {
             a.output.display()
         )));
     }
+    // The rename that makes the write atomic would replace a FIFO or device node with a regular
+    // file, and writing over the input would destroy it: refuse both.
+    if let Ok(out_meta) = std::fs::metadata(&a.output) {
+        use std::os::unix::fs::MetadataExt;
+        if !out_meta.is_file() {
+            return Err(Failure::usage(format!(
+                "--output {}: expected a regular file path, got a special file (FIFO, device or socket)",
+                a.output.display()
+            )));
+        }
+        if let Ok(in_meta) = std::fs::metadata(&a.input) {
+            if (in_meta.dev(), in_meta.ino()) == (out_meta.dev(), out_meta.ino()) {
+                return Err(Failure::usage(format!(
+                    "--output {}: expected a file other than the input, got the input itself",
+                    a.output.display()
+                )));
+            }
+        }
+    }
 
     let file = MappedFile::open(&a.input)?;
     let pf = file.parse()?;
@@ -169,6 +188,9 @@ pub fn main(a: Args) -> CmdResult {
     opts.output_chunk_states = a.intermediate_states;
 
     let p = pf.problem(&a.input, &opts)?;
+    // Every sequence's initial and final state is held at once, whatever the segmenting (many
+    // empty sequences cost no tokens but still a state each).
+    io::check_states(&a.input, &p)?;
     let seg = match a.segment_tokens {
         Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
         None => io::segment_tokens(&p, &opts, SEGMENT_BUDGET),
