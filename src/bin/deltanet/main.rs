@@ -120,7 +120,27 @@ fn main() -> ExitCode {
     }));
     let cli = match Cli::try_parse() {
         Ok(c) => c,
-        Err(e) => e.exit(),
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                e.exit();
+            }
+            // One line, like every other error: clap's message without its usage block.
+            let text = e.to_string();
+            let line: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            eprintln!("deltanet: {}", line.join(" ").trim_start_matches("error: "));
+            return ExitCode::from(2);
+        }
     };
     let r = match cli.command {
         Command::Run(a) => run::main(a),
