@@ -842,3 +842,18 @@ fn a_failed_rename_leaves_nothing_behind() {
         .collect();
     assert_eq!(left.len(), 1, "files left behind: {left:?}");
 }
+
+#[test]
+fn usage_errors_are_one_line() {
+    for args in [
+        &["run"][..],
+        &["run", "--bogus"],
+        &["bench", "--dtype", "f64"],
+        &["frobnicate"],
+    ] {
+        let o = deltanet(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = stderr(&o);
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    }
+}
