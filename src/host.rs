@@ -26,6 +26,11 @@ pub(crate) fn transpose_states(s: &[f32], dk: usize, dv: usize, to_v_first: bool
 pub trait HostIo: Backend {
     /// Copies host f32 data to a new device buffer.
     fn upload(&self, data: &[f32]) -> Result<Self::Buf>;
+    /// Copies a host tensor of any dtype to a new f32 device buffer. By default widened on the
+    /// host; a device may send fewer bytes and widen there.
+    fn upload_tensor(&self, t: &Tensor<'_>) -> Result<Self::Buf> {
+        self.upload(&t.to_f32())
+    }
     /// Copies a device buffer to the host (waiting for the work that writes it).
     fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;
     /// Waits until all work queued on the device is done.
@@ -59,7 +64,7 @@ pub fn upload_inputs<D: HostIo>(
     x: &Inputs<'_>,
     opts: &Options,
 ) -> Result<StageInputs<D::Buf>> {
-    let up = |t: &Tensor<'_>| dev.upload(&t.to_f32());
+    let up = |t: &Tensor<'_>| dev.upload_tensor(t);
     let h0 = match &x.initial_state {
         Some(s) if opts.state_v_first => {
             Some(dev.upload(&transpose_states(&s.to_f32(), p.dk(), p.dv(), false))?)

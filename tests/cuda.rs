@@ -817,3 +817,24 @@ fn random_cases_are_valid_problems() {
         }
     }
 }
+
+/// bf16 and f16 inputs travel as 16 bits and are widened on the GPU: bit for bit what the host's
+/// conversion gives, for every one of the 65536 patterns (zeros, subnormals, infinities, NaNs).
+#[test]
+fn gpu_widens_16_bit_inputs_exactly() {
+    let dev = gpu_or_skip!();
+    let bits: Vec<u16> = (0..=u16::MAX).collect();
+    for dtype in [DType::BF16, DType::F16] {
+        let t = deltanet::Tensor::from_bytes(dtype, bytemuck::cast_slice(&bits), vec![bits.len()])
+            .unwrap();
+        let got = dev.download(&dev.upload_tensor(&t).unwrap()).unwrap();
+        let want = t.to_f32();
+        for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+            // NaN payloads may differ; NaN-ness may not.
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "{dtype} {i:#06x}: {g} vs {w}"
+            );
+        }
+    }
+}

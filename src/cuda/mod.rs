@@ -6,6 +6,7 @@
 //! Every stage allocates its outputs and queues its kernels on the device's stream; nothing in
 //! the forward waits for the host. Buffers are flat f32 arrays in the layouts of [`Backend`].
 
+mod cast;
 mod chunk_output;
 mod chunk_state;
 mod cumsum;
@@ -387,6 +388,9 @@ impl crate::HostIo for CudaDevice {
         self.stream
             .clone_htod(data)
             .map_err(cuda_err(format!("uploading {} elements", data.len())))
+    }
+    fn upload_tensor(&self, t: &crate::Tensor<'_>) -> Result<Buf> {
+        cast::upload_tensor(self, t)
     }
     fn download(&self, buf: &Buf) -> Result<Vec<f32>> {
         self.check("buffer", buf, buf.len())?;

@@ -25,7 +25,12 @@ pub struct Source {
 }
 
 /// Every kernel source of the backend.
-pub const SOURCES: [Source; 9] = [
+pub const SOURCES: [Source; 10] = [
+    Source {
+        name: "cast",
+        text: include_str!("kernels/cast.cu"),
+        needs_bt: false,
+    },
     Source {
         name: "l2norm",
         text: include_str!("kernels/l2norm.cu"),
