@@ -35,12 +35,26 @@ fn softplus(x: f64) -> f64 {
     }
 }
 
-/// Runs the definition on `x` with `opts`:
-/// per sequence and value head j, `S <- e^g S; u = beta (v - S^T k); S <- S + k u^T;
-/// o = S^T (scale q)`, after the optional l2norm, beta and gate activations.
-pub fn reference(x: &Inputs<'_>, opts: &Options) -> Result<Reference> {
+/// The inputs in float64 after the optional l2norm of q and k and the gate and beta
+/// activations: what the recurrence consumes.
+#[derive(Clone, Debug)]
+pub struct Activated64 {
+    /// `[B, T, H, K]`.
+    pub q: Vec<f64>,
+    /// `[B, T, H, K]`.
+    pub k: Vec<f64>,
+    /// `[B, T, HV, V]`.
+    pub v: Vec<f64>,
+    /// The effective log decay `[B, T, HV]`.
+    pub g: Vec<f64>,
+    /// The effective beta `[B, T, HV]`.
+    pub beta: Vec<f64>,
+}
+
+/// `x` in float64, activated as `opts` say (see [`Activated64`]).
+pub fn activate(x: &Inputs<'_>, opts: &Options) -> Result<Activated64> {
     let p = Problem::from_inputs(x, opts)?;
-    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
+    let (hv, dk) = (p.v_heads(), p.dk());
     let (mut q, mut k, v) = (to_f64(&x.q), to_f64(&x.k), to_f64(&x.v));
     if opts.use_qk_l2norm {
         l2norm_rows(&mut q, dk);
@@ -64,6 +78,16 @@ pub fn reference(x: &Inputs<'_>, opts: &Options) -> Result<Reference> {
         let m = if opts.allow_neg_eigval { 2.0 } else { 1.0 };
         beta.iter_mut().for_each(|b| *b = m / (1.0 + (-*b).exp()));
     }
+    Ok(Activated64 { q, k, v, g, beta })
+}
+
+/// Runs the definition on `x` with `opts`:
+/// per sequence and value head j, `S <- e^g S; u = beta (v - S^T k); S <- S + k u^T;
+/// o = S^T (scale q)`, after the optional l2norm, beta and gate activations.
+pub fn reference(x: &Inputs<'_>, opts: &Options) -> Result<Reference> {
+    let p = Problem::from_inputs(x, opts)?;
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
+    let Activated64 { q, k, v, g, beta } = activate(x, opts)?;
     let scale = opts
         .scale
         .map(|s| s as f64)

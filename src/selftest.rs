@@ -11,7 +11,7 @@ use crate::dtype::{DType, Tensor};
 use crate::error::Result;
 use crate::options::{HeadMap, Options, CHUNK_SIZES};
 use crate::problem::{Inputs, Problem};
-use crate::reference::{reference, rel_l2};
+use crate::reference::{reference, rel_l2, Activated64};
 use crate::{activate, cpu, forward, recurrent_step, upload_inputs, Device, HostIo};
 
 /// The outcome of one check.
@@ -508,7 +508,10 @@ pub fn check_case(
         Err(e) => return report("problem", Err(e)),
     };
     let oracle = reference(&case.inputs, &case.opts);
-    let act = activate64(&p, &case.inputs, &case.opts);
+    let act = match crate::reference::activate(&case.inputs, &case.opts) {
+        Ok(a) => a,
+        Err(e) => return report("activate", Err(e)),
+    };
     let walk = oracle_walk(&p, &act, &case.inputs, &case.opts);
     let stage_tol = match device {
         Device::Cpu => 1e-5,
@@ -643,53 +646,8 @@ fn slice_t(x: &Tensor<'_>, b: usize, t: usize, lo: usize, hi: usize) -> Result<T
     Tensor::cast_from_f32(&out, shape, x.dtype())
 }
 
-/// The activated inputs in float64.
-struct Act {
-    q: Vec<f64>,
-    k: Vec<f64>,
-    v: Vec<f64>,
-    g: Vec<f64>,
-    beta: Vec<f64>,
-}
-
 fn f64s(t: &Tensor<'_>) -> Vec<f64> {
     t.to_f32().iter().map(|&x| x as f64).collect()
-}
-
-fn activate64(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Act {
-    let (mut q, mut k) = (f64s(&x.q), f64s(&x.k));
-    if opts.use_qk_l2norm {
-        for t in [&mut q, &mut k] {
-            for row in t.chunks_exact_mut(p.dk()) {
-                let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() + 1e-6).sqrt();
-                row.iter_mut().for_each(|v| *v *= inv);
-            }
-        }
-    }
-    let mut g = f64s(&x.g);
-    if opts.gate_in_kernel {
-        if let (Some(a), Some(d)) = (&x.a_log, &x.dt_bias) {
-            let (a, d) = (f64s(a), f64s(d));
-            for (i, gi) in g.iter_mut().enumerate() {
-                let j = i % p.v_heads();
-                let z = *gi + d[j];
-                let sp = if z > 20.0 { z } else { z.exp().ln_1p() };
-                *gi = -a[j].exp() * sp;
-            }
-        }
-    }
-    let mut beta = f64s(&x.beta);
-    if opts.beta_is_logits {
-        let m = if opts.allow_neg_eigval { 2.0 } else { 1.0 };
-        beta.iter_mut().for_each(|b| *b = m / (1.0 + (-*b).exp()));
-    }
-    Act {
-        q,
-        k,
-        v: f64s(&x.v),
-        g,
-        beta,
-    }
 }
 
 /// The float64 recurrence's state entering every chunk (`[chunks, HV, K, V]`) and after every
@@ -699,7 +657,7 @@ struct Walk {
     final_state: Vec<f64>,
 }
 
-fn oracle_walk(p: &Problem, a: &Act, x: &Inputs<'_>, opts: &Options) -> Walk {
+fn oracle_walk(p: &Problem, a: &Activated64, x: &Inputs<'_>, opts: &Options) -> Walk {
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let kv = dk * dv;
     let h0 = x.initial_state.as_ref().map(f64s);
@@ -819,7 +777,7 @@ fn stage_checks<D: HostIo>(
     dev: &D,
     p: &Problem,
     case: &Case,
-    act: &Act,
+    act: &Activated64,
     walk: &Walk,
     tol: f64,
     report: &mut dyn FnMut(&str, Measured),
