@@ -39,7 +39,7 @@ pub struct Args {
     #[arg(long, default_value = "1,4096,16,32,128,128", value_parser = parse_shape)]
     shape: Shape,
     /// Element type of q, k, v.
-    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    #[arg(long, default_value = "bf16", value_parser = crate::parse_dtype)]
     dtype: DType,
     /// What to time.
     #[arg(long, value_enum, default_value = "all")]
@@ -54,7 +54,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
     /// Chunk size of the prefill and solve_tril.
-    #[arg(long, default_value_t = 64, value_parser = parse_chunk)]
+    #[arg(long, default_value_t = 64, value_parser = crate::parse_chunk)]
     chunk_size: usize,
 }
 
@@ -81,18 +81,6 @@ fn parse_shape(s: &str) -> Result<Shape, String> {
         return Err(bad());
     }
     Ok(Shape(d))
-}
-
-fn parse_dtype(s: &str) -> Result<DType, String> {
-    s.parse()
-        .map_err(|_| "expected f32, bf16 or f16".to_string())
-}
-
-fn parse_chunk(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(c) if deltanet::CHUNK_SIZES.contains(&c) => Ok(c),
-        _ => Err("expected 16, 32 or 64".into()),
-    }
 }
 
 /// One piece of work's timings.
@@ -157,20 +145,7 @@ pub fn main(a: Args) -> CmdResult {
         ..Options::default()
     };
     // Refuse shapes this machine cannot hold before allocating anything.
-    let p = Problem::new(
-        deltanet::Dims {
-            batch: b,
-            seq_len: t,
-            heads: h,
-            v_heads: hv,
-            dk: k,
-            dv: v,
-        },
-        None,
-        &opts,
-    )
-    .map_err(|e| Failure::usage(format!("--shape: {e}")))?;
-    crate::ensure_memory("--shape", &p, &opts)?;
+    crate::layer_problem("--shape", [b, t, h, hv, k, v], &opts)?;
 
     let total = (a.warmup + a.repeats) * works.len() as u64;
     let bar = ProgressBar::new(total);

@@ -37,19 +37,7 @@ pub fn main(a: Args) -> CmdResult {
         "layer:    B={b} T={t} H={h} HV={hv} K={k} V={v}, bf16 inputs, q/k l2norm, seed {}",
         a.seed
     );
-    let shape_problem = Problem::new(
-        deltanet::Dims {
-            batch: b,
-            seq_len: t,
-            heads: h,
-            v_heads: hv,
-            dk: k,
-            dv: v,
-        },
-        None,
-        &Options::default(),
-    )?;
-    crate::ensure_memory("--tokens", &shape_problem, &Options::default())?;
+    crate::layer_problem("--tokens", [b, t, h, hv, k, v], &Options::default())?;
     let mut rng = Rng::new(a.seed);
     let x = layer_inputs(&mut rng, [b, t, h, hv, k, v], DType::BF16, true)?;
     let opts = Options {

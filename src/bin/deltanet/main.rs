@@ -84,9 +84,31 @@ pub fn open_device(s: &str) -> Result<deltanet::Device, Failure> {
     deltanet::Device::parse(s).map_err(|e| Failure::data(format!("device {s}: {e}")))
 }
 
+/// The problem of a generated layer of sizes `[B, T, H, HV, K, V]`, refused (as a usage error
+/// naming `flag`) when its shapes are invalid or its forward would not fit in memory.
+pub fn layer_problem(
+    flag: &str,
+    d: [usize; 6],
+    opts: &deltanet::Options,
+) -> Result<deltanet::Problem, Failure> {
+    let [batch, seq_len, heads, v_heads, dk, dv] = d;
+    let dims = deltanet::Dims {
+        batch,
+        seq_len,
+        heads,
+        v_heads,
+        dk,
+        dv,
+    };
+    let p = deltanet::Problem::new(dims, None, opts)
+        .map_err(|e| Failure::usage(format!("{flag}: {e}")))?;
+    ensure_memory(flag, &p, opts)?;
+    Ok(p)
+}
+
 /// Refuses, with a clear message, a problem whose forward would not fit in the memory available
 /// now (an allocation failure would abort the process instead).
-pub fn ensure_memory(
+fn ensure_memory(
     what: &str,
     p: &deltanet::Problem,
     opts: &deltanet::Options,
@@ -103,6 +125,20 @@ pub fn ensure_memory(
         }
     }
     Ok(())
+}
+
+/// clap parser of an element type flag.
+fn parse_dtype(s: &str) -> Result<deltanet::DType, String> {
+    s.parse()
+        .map_err(|_| "expected f32, bf16 or f16".to_string())
+}
+
+/// clap parser of a chunk size flag.
+fn parse_chunk(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(c) if deltanet::CHUNK_SIZES.contains(&c) => Ok(c),
+        _ => Err("expected 16, 32 or 64".into()),
+    }
 }
 
 fn main() -> ExitCode {

@@ -34,7 +34,7 @@ pub struct Args {
     #[arg(long, default_value = "auto", value_parser = device_arg)]
     device: String,
     /// The element type of `o` (default: the input's, as FLA does).
-    #[arg(long, value_name = "f32|bf16|f16", value_parser = parse_dtype)]
+    #[arg(long, value_name = "f32|bf16|f16", value_parser = crate::parse_dtype)]
     out_dtype: Option<DType>,
     /// Also write `chunk_states`, the state entering every chunk, `[chunks, HV, K, V]` f32.
     #[arg(long)]
@@ -58,7 +58,7 @@ pub struct Args {
     #[arg(long, alias = "state_v_first", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     state_v_first: Option<bool>,
     /// Tokens per chunk: 16, 32 or 64.
-    #[arg(long, alias = "chunk_size", value_parser = parse_chunk)]
+    #[arg(long, alias = "chunk_size", value_parser = crate::parse_chunk)]
     chunk_size: Option<usize>,
     /// How value heads map to q/k heads: grouped (FLA) or tiled (llama.cpp's Qwen3.5).
     #[arg(long, alias = "head_map", value_parser = parse_head_map)]
@@ -72,18 +72,6 @@ pub struct Args {
 
 /// The default working memory of one forward call.
 const SEGMENT_BUDGET: u128 = 1 << 30;
-
-fn parse_dtype(s: &str) -> Result<DType, String> {
-    s.parse()
-        .map_err(|_| "expected f32, bf16 or f16".to_string())
-}
-
-fn parse_chunk(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(c) if deltanet::CHUNK_SIZES.contains(&c) => Ok(c),
-        _ => Err("expected 16, 32 or 64".into()),
-    }
-}
 
 fn parse_head_map(s: &str) -> Result<HeadMap, String> {
     s.parse()
