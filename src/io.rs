@@ -458,12 +458,44 @@ pub fn check_states(path: &Path, p: &Problem) -> Result<()> {
     }
 }
 
+/// Temporary files being written now, for [`remove_pending_temporaries`].
+static PENDING: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn pending() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    PENDING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Removes every temporary file still being written: for a signal handler, so an interrupted
+/// run leaves nothing behind either.
+pub fn remove_pending_temporaries() {
+    for p in pending().drain(..) {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
 /// Removes the temporary file unless the write completed.
 struct TempGuard(Option<PathBuf>);
+
+impl TempGuard {
+    fn new(path: PathBuf) -> Self {
+        pending().push(path.clone());
+        TempGuard(Some(path))
+    }
+
+    /// The file was renamed into place: nothing to remove any more.
+    fn commit(&mut self) {
+        if let Some(p) = self.0.take() {
+            pending().retain(|q| q != &p);
+        }
+    }
+}
 
 impl Drop for TempGuard {
     fn drop(&mut self) {
         if let Some(p) = self.0.take() {
+            pending().retain(|q| q != &p);
             let _ = std::fs::remove_file(p);
         }
     }
@@ -513,12 +545,12 @@ pub fn write_atomic_with(path: &Path, write: impl FnOnce(&mut File) -> Result<()
             Err(e) => return Err(ctx("cannot create a temporary file beside it", &e)),
         }
     };
-    let mut guard = TempGuard(Some(tmp.clone()));
+    let mut guard = TempGuard::new(tmp.clone());
     write(&mut file)?;
     file.sync_all().map_err(|e| ctx("cannot write", &e))?;
     drop(file);
     std::fs::rename(&tmp, path).map_err(|e| ctx("cannot rename the temporary file over it", &e))?;
-    guard.0 = None;
+    guard.commit();
     // Make the rename itself durable; failure here cannot undo it, so it is best effort.
     if let Ok(d) = File::open(&dir) {
         let _ = d.sync_all();

@@ -143,7 +143,7 @@ fn parse_chunk(s: &str) -> Result<usize, String> {
 
 fn main() -> ExitCode {
     // No code path is meant to panic; should one anyway, report it as one line (no backtrace)
-    // and exit 1 rather than 101.
+    // and exit 1 rather than 101, after unwinding has removed any temporary output.
     std::panic::set_hook(Box::new(|info| {
         let msg = info
             .payload()
@@ -152,8 +152,12 @@ fn main() -> ExitCode {
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown".into());
         eprintln!("deltanet: internal error: {msg}");
-        std::process::exit(1);
     }));
+    // Ctrl-C or a termination signal: remove the temporary output first.
+    let _ = ctrlc::set_handler(|| {
+        deltanet::io::remove_pending_temporaries();
+        std::process::exit(130);
+    });
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -178,11 +182,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let r = match cli.command {
+    let r = std::panic::catch_unwind(|| match cli.command {
         Command::Run(a) => run::main(a),
         Command::Demo(a) => demo::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Selftest(a) => selftest::main(a),
+    });
+    let Ok(r) = r else {
+        return ExitCode::from(1);
     };
     match r {
         Ok(code) => code,
