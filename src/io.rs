@@ -638,21 +638,23 @@ fn token_rows<'b>(t: &'b Tensor<'_>, tokens: usize, lo: usize, hi: usize) -> Res
     Tensor::new(data, shape)
 }
 
-/// Runs the forward of `x` (validated as `p`) on `device` and writes `o`, `final_state` and,
+/// Validates `x` against `opts`, runs its forward on `device` and writes `o`, `final_state` and,
 /// with `opts.output_chunk_states`, `chunk_states` to `path` atomically, computing at most
 /// `max_tokens` tokens per call (see [`plan_segments`]) and writing each part of the output
 /// straight to the file. Memory stays bounded by one segment's work whatever the input's size;
-/// the input itself is only read (a memory map stays file-backed).
+/// the input itself is only read (a memory map stays file-backed). `on_segment` hears how many
+/// tokens each finished segment held, for progress.
 pub fn forward_to_file(
     device: &crate::Device,
     x: &Inputs<'_>,
-    p: &Problem,
     opts: &Options,
     max_tokens: usize,
     path: &Path,
     metadata: HashMap<String, String>,
+    on_segment: &mut dyn FnMut(usize),
 ) -> Result<()> {
     use std::io::{Seek, SeekFrom};
+    let p = &Problem::from_inputs(x, opts).map_err(|e| Error::in_file(path, e))?;
     let out_dtype = opts.out_dtype.unwrap_or(x.q.dtype());
     let (hv, dk, dv) = (p.v_heads(), p.dk(), p.dv());
     let kv = p.state_len();
@@ -799,6 +801,7 @@ pub fn forward_to_file(
                     carry = Some(s.to_vec());
                 }
             }
+            on_segment(hi - lo);
         }
         file.set_len(o_off + o_len).map_err(io)
     })

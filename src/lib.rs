@@ -5,7 +5,7 @@
 //!
 //! Per sequence and value head j, a state S (K x V, f32) evolves token by token:
 //! `S <- exp(g_t) S; u = beta_t (v_t - S^T k_t); S <- S + k_t u^T; o_t = S^T (scale q_t)`.
-//! [`forward`] computes it in chunks of 64 tokens through public stages (see [`Backend`]);
+//! [`forward`] computes it in chunks (64 tokens by default) through public stages (see [`Backend`]);
 //! [`recurrent_step`] advances a state buffer in place for decoding; [`reference::reference`]
 //! is the float64 oracle both are tested against.
 //!

@@ -205,12 +205,33 @@ pub fn main(a: Args) -> CmdResult {
     );
     let segments = io::plan_segments(&p, seg).len();
     let t0 = std::time::Instant::now();
-    io::forward_to_file(&device, &pf.inputs, &p, &opts, seg, &a.output, meta).map_err(
-        |e| match e {
-            deltanet::Error::File { .. } => Failure::from(e),
-            other => Failure::data(format!("{}: {other}", a.input.display())),
-        },
-    )?;
+    // Progress for long inputs (several segments); indicatif draws only on a terminal.
+    let bar = if segments > 1 {
+        indicatif::ProgressBar::new(p.tokens() as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} tokens, {elapsed} ({eta} left)",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut on_segment = |tokens: usize| bar.inc(tokens as u64);
+    let done = io::forward_to_file(
+        &device,
+        &pf.inputs,
+        &opts,
+        seg,
+        &a.output,
+        meta,
+        &mut on_segment,
+    );
+    bar.finish_and_clear();
+    done.map_err(|e| match e {
+        deltanet::Error::File { .. } => Failure::from(e),
+        other => Failure::data(format!("{}: {other}", a.input.display())),
+    })?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
     eprintln!(
         "{}: B={} T={} H={} HV={} K={} V={} ({} sequences, {segments} segment(s)) on {} in {ms:.1} ms -> {} (o {})",
