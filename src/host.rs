@@ -4,9 +4,10 @@
 use crate::backend::{Backend, StageInputs};
 use crate::dtype::{DType, Tensor};
 use crate::error::Result;
+use crate::forward::{activate, ForwardOut};
 use crate::options::Options;
 use crate::problem::{Inputs, Problem};
-use crate::{cpu, Output};
+use crate::Output;
 
 /// Transposes each K x V state to V x K (`to_v_first`) or back.
 pub(crate) fn transpose_states(s: &[f32], dk: usize, dv: usize, to_v_first: bool) -> Vec<f32> {
@@ -22,7 +23,8 @@ pub(crate) fn transpose_states(s: &[f32], dk: usize, dv: usize, to_v_first: bool
     out
 }
 
-/// A device that can take host data: the glue between host tensors and a [`Backend`].
+/// A device that can take host data: the glue between host tensors and a [`Backend`], and the
+/// way [`crate::forward`] and [`crate::recurrent_step`] reach every device.
 pub trait HostIo: Backend {
     /// Copies host f32 data to a new device buffer.
     fn upload(&self, data: &[f32]) -> Result<Self::Buf>;
@@ -33,27 +35,65 @@ pub trait HostIo: Backend {
     }
     /// Copies a device buffer to the host (waiting for the work that writes it).
     fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;
+    /// Moves a device buffer's contents to the host, consuming the buffer: a [`download`] by
+    /// default; the CPU hands its buffer over without a copy.
+    ///
+    /// [`download`]: HostIo::download
+    fn into_host(&self, buf: Self::Buf) -> Result<Vec<f32>> {
+        self.download(&buf)
+    }
     /// Waits until all work queued on the device is done.
     fn synchronize(&self) -> Result<()>;
     /// Milliseconds the device spends on the work `f` queues (device events on a GPU, wall
     /// clock on the CPU).
     fn time_ms(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<f64>;
-}
 
-impl HostIo for cpu::Cpu {
-    fn upload(&self, data: &[f32]) -> Result<Vec<f32>> {
-        Ok(data.to_vec())
+    /// [`Backend::forward`] on host inputs already validated into `p` with `opts`: what
+    /// [`crate::forward`] runs on this device, results left on it. By default `x` is uploaded
+    /// ([`upload_inputs`]) and `forward` runs on the uploaded buffers; the CPU, whose buffers
+    /// are host memory, runs its same fused forward reading `x` in place, in its own dtype.
+    fn forward_host(
+        &self,
+        p: &Problem,
+        x: &Inputs<'_>,
+        opts: &Options,
+    ) -> Result<ForwardOut<Self::Buf>>
+    where
+        Self: Sized,
+    {
+        self.forward(p, opts, &upload_inputs(self, p, x, opts)?)
     }
-    fn download(&self, buf: &Vec<f32>) -> Result<Vec<f32>> {
-        Ok(buf.clone())
-    }
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
-    }
-    fn time_ms(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
-        let t = std::time::Instant::now();
-        f()?;
-        Ok(t.elapsed().as_secs_f64() * 1e3)
+
+    /// [`Backend::recurrent`] after [`activate`], on uploaded inputs `x` and a host `state`
+    /// (`[N, HV, K, V]`, or `[N, HV, V, K]` with `state_v_first`) advanced in place: what
+    /// [`crate::recurrent_step`] runs on this device. Returns `o` `[B, T, HV, V]` on the
+    /// device. By default the state is uploaded, advanced and downloaded back; the CPU advances
+    /// it where it lies.
+    fn recurrent_host(
+        &self,
+        p: &Problem,
+        opts: &Options,
+        x: &StageInputs<Self::Buf>,
+        state: &mut [f32],
+    ) -> Result<Self::Buf>
+    where
+        Self: Sized,
+    {
+        let a = activate(self, p, opts, x)?;
+        let mut s = self.upload(state)?;
+        let o = self.recurrent(
+            p,
+            a.q(),
+            a.k(),
+            &x.v,
+            &a.g,
+            &a.beta,
+            &mut s,
+            opts.state_v_first,
+            opts.scale_for(p.dk()),
+        )?;
+        state.copy_from_slice(&self.download(&s)?);
+        Ok(o)
     }
 }
 
@@ -84,21 +124,39 @@ pub fn upload_inputs<D: HostIo>(
     })
 }
 
-pub(crate) fn host_forward<D: HostIo>(
+/// [`crate::forward`] on one device: [`HostIo::forward_host`], then the results as host tensors.
+pub(crate) fn forward_on<D: HostIo>(
     dev: &D,
     p: &Problem,
     x: &Inputs<'_>,
     opts: &Options,
 ) -> Result<Output> {
-    let si = upload_inputs(dev, p, x, opts)?;
-    let out = dev.forward(p, opts, &si)?;
+    let out = dev.forward_host(p, x, opts)?;
     let final_state = if opts.output_final_state {
-        Some(dev.download(&out.final_state)?)
+        Some(dev.into_host(out.final_state)?)
     } else {
         None
     };
-    let h = out.h.as_ref().map(|h| dev.download(h)).transpose()?;
-    host_output(p, x, opts, dev.download(&out.o)?, final_state, h)
+    let h = out.h.map(|h| dev.into_host(h)).transpose()?;
+    host_output(p, x, opts, dev.into_host(out.o)?, final_state, h)
+}
+
+/// [`crate::recurrent_step`] on one device: [`HostIo::recurrent_host`] on the uploaded inputs,
+/// `o` as a host tensor.
+pub(crate) fn recurrent_on<D: HostIo>(
+    dev: &D,
+    p: &Problem,
+    x: &Inputs<'_>,
+    state: &mut [f32],
+    opts: &Options,
+) -> Result<Tensor<'static>> {
+    let si = upload_inputs(dev, p, x, opts)?;
+    let o = dev.into_host(dev.recurrent_host(p, opts, &si, state)?)?;
+    Tensor::cast_from_f32(
+        &o,
+        vec![p.batch(), p.seq_len(), p.v_heads(), p.dv()],
+        opts.out_dtype.unwrap_or(x.q.dtype()),
+    )
 }
 
 /// Host tensors of the forward's results, in the layouts and dtypes the options ask for.

@@ -47,8 +47,6 @@ pub use backend::{Backend, ChunkStates, Gamma, StageInputs, Wy, RESET_LOG_DECAY}
 pub use dtype::{DType, Data, Tensor};
 pub use error::{Error, Result};
 pub use forward::{activate, chunk_forward, Activated, ForwardOut};
-pub(crate) use host::transpose_states;
-use host::{host_forward, host_output};
 pub use host::{upload_inputs, HostIo};
 pub use options::{HeadMap, Options, CHUNK_SIZES};
 pub use problem::{Chunk, Dims, Inputs, Problem};
@@ -114,20 +112,37 @@ pub struct Output {
 
 /// Runs the chunked forward on `device`: validates `x` against `opts`, computes `o` and the
 /// states asked for.
+///
+/// Every device is reached the same way, through [`HostIo::forward_host`] (its
+/// [`Backend::forward`]: fused on the CPU, reading `x` in place).
+///
+/// # Non-finite inputs
+///
+/// Causality holds for NaN and infinity as it does in the per-token definition. For each
+/// (sequence, value head), call t the first token at which q, k (of the q/k head that value
+/// head reads), v, g or beta holds a NaN or an infinity (a g of -infinity excepted: it is a
+/// hard reset, see [`RESET_LOG_DECAY`]):
+/// - the outputs of the tokens before t, and the chunk states of the chunks starting at or
+///   before t, are computed from the tokens before t alone: the same values as when the input
+///   ends before t, finite when those tokens are;
+/// - `o` from t on and the final state of that (sequence, value head) are what the arithmetic
+///   gives, as a rule NaN or infinite (the per-token recurrence propagates them too);
+/// - other sequences and value heads are unaffected.
+///
+/// A non-finite `initial_state`, `A_log` or `dt_bias` reaches every token of the heads it
+/// belongs to. Nothing is checked or reported: a caller who needs to know scans its inputs.
 pub fn forward(device: &Device, x: &Inputs<'_>, opts: &Options) -> Result<Output> {
     let p = Problem::from_inputs(x, opts)?;
     match device {
-        Device::Cpu => {
-            let f = cpu::fused::fused(&p, x, opts)?;
-            host_output(&p, x, opts, f.o, Some(f.final_state), f.h)
-        }
-        Device::Cuda(d) => host_forward(d.as_ref(), &p, x, opts),
+        Device::Cpu => host::forward_on(&cpu::Cpu, &p, x, opts),
+        Device::Cuda(d) => host::forward_on(d.as_ref(), &p, x, opts),
     }
 }
 
 /// The recurrent (decode) step: advances `state` (`[N, HV, K, V]` f32, or `[N, HV, V, K]` with
 /// `state_v_first`) in place through the tokens of `x` and returns `o` `[B, T, HV, V]`.
-/// `x.initial_state` must be `None`: the state is `state`.
+/// `x.initial_state` must be `None`: the state is `state`. Every device is reached the same way,
+/// through [`HostIo::recurrent_host`].
 pub fn recurrent_step(
     device: &Device,
     x: &Inputs<'_>,
@@ -144,47 +159,8 @@ pub fn recurrent_step(
     let p = Problem::from_inputs(x, opts)?;
     let want = p.num_seqs() * p.v_heads() * p.state_len();
     error::check_len("state", state.len(), want)?;
-    let scale = opts.scale_for(p.dk());
-    let o = match device {
-        Device::Cpu => {
-            let si = upload_inputs(&cpu::Cpu, &p, x, opts)?;
-            let a = activate(&cpu::Cpu, &p, opts, &si)?;
-            // The state is updated where it lies: no copy of what can be gigabytes.
-            cpu::recurrent(
-                &p,
-                a.q(),
-                a.k(),
-                &si.v,
-                &a.g,
-                &a.beta,
-                state,
-                opts.state_v_first,
-                scale,
-            )?
-        }
-        Device::Cuda(d) => {
-            let d = d.as_ref();
-            let si = upload_inputs(d, &p, x, opts)?;
-            let a = activate(d, &p, opts, &si)?;
-            let mut s = d.upload(state)?;
-            let o = d.recurrent(
-                &p,
-                a.q(),
-                a.k(),
-                &si.v,
-                &a.g,
-                &a.beta,
-                &mut s,
-                opts.state_v_first,
-                scale,
-            )?;
-            state.copy_from_slice(&d.download(&s)?);
-            d.download(&o)?
-        }
-    };
-    Tensor::cast_from_f32(
-        &o,
-        vec![p.batch(), p.seq_len(), p.v_heads(), p.dv()],
-        opts.out_dtype.unwrap_or(x.q.dtype()),
-    )
+    match device {
+        Device::Cpu => host::recurrent_on(&cpu::Cpu, &p, x, state, opts),
+        Device::Cuda(d) => host::recurrent_on(d.as_ref(), &p, x, state, opts),
+    }
 }

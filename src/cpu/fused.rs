@@ -1,71 +1,135 @@
 //! The CPU forward with every stage fused per (sequence, value head): each task walks its chunks
 //! with the same block functions the stages use, on chunk-sized buffers that stay in cache, and
-//! reads q/k/v in their own dtype one chunk at a time. Nothing of size T is materialised except
-//! `o`, so memory stays near the inputs' size; results are bitwise those of the staged path.
+//! reads q/k/v where they lie (host tensors in their own dtype, or f32 buffers) one chunk at a
+//! time. Nothing of size T is materialised except `o`, so memory stays near the inputs' size;
+//! results are bitwise those of the staged path.
+//!
+//! Equals l2norm + gate + cumsum + kkt + solve_tril + wy + chunk_state + chunk_output.
 
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::chunk_output::output_block;
-use super::chunk_state::{advance_block, v_new_block};
-use super::cumsum::cumsum_block;
-use super::gate::Activation;
-use super::kkt::kkt_block;
-use super::l2norm::l2norm_row;
-use super::solve_tril::solve_tril_block;
-use super::wy::wy_block;
-use super::{gather_rows_with, scatter_rows};
+use super::blocks::{gather_rows_with, scatter_rows};
+use super::stages::chunk_output::output_block;
+use super::stages::chunk_state::{advance_block, v_new_block};
+use super::stages::cumsum::cumsum_block;
+use super::stages::gate::Activation;
+use super::stages::kkt::kkt_block;
+use super::stages::l2norm::l2norm_row;
+use super::stages::solve_tril::solve_tril_block;
+use super::stages::wy::wy_block;
+use crate::backend::StageInputs;
 use crate::dtype::{Data, Tensor};
-use crate::error::Result;
+use crate::error::{check_len, Result};
+use crate::forward::ForwardOut;
 use crate::options::Options;
 use crate::problem::{Chunk, Inputs, Problem};
 
 /// What the fused forward returns: f32 `o` `[B, T, HV, V]`, final states `[N, HV, K, V]`
-/// (K-major), and the state entering every chunk when asked for.
-#[derive(Clone, Debug)]
-pub struct FusedOut {
-    /// `[B, T, HV, V]`.
-    pub o: Vec<f32>,
-    /// `[N, HV, K, V]`.
-    pub final_state: Vec<f32>,
-    /// `[chunks, HV, K, V]`, with `Options::output_chunk_states`.
-    pub h: Option<Vec<f32>>,
+/// (K-major), and the state entering every chunk with `Options::output_chunk_states`.
+pub type FusedOut = ForwardOut<Vec<f32>>;
+
+/// A `[tokens, heads, width]` input, read one chunk of one head at a time.
+pub(crate) trait ChunkRows: Sync {
+    /// The `len x width` rows of chunk `c` for head `head`, as f32.
+    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize) -> Vec<f32>;
 }
 
-/// One chunk's rows of one head of a `[tokens, heads, width]` tensor, as f32.
-fn rows(x: &Tensor<'_>, c: &Chunk, heads: usize, head: usize, width: usize) -> Vec<f32> {
-    match x.data() {
-        Data::F32(d) => gather_rows_with(d, |v| v, c, heads, head, width),
-        Data::BF16(d) => gather_rows_with(d, bf16::to_f32, c, heads, head, width),
-        Data::F16(d) => gather_rows_with(d, f16::to_f32, c, heads, head, width),
+impl ChunkRows for Vec<f32> {
+    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize) -> Vec<f32> {
+        gather_rows_with(self, |v| v, c, heads, head, width)
     }
 }
 
-/// The chunked forward on the CPU, fused (see the module doc): validates `x` against `opts`.
-pub fn fused_forward(x: &Inputs<'_>, opts: &Options) -> Result<FusedOut> {
-    fused(&Problem::from_inputs(x, opts)?, x, opts)
+impl ChunkRows for Tensor<'_> {
+    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize) -> Vec<f32> {
+        match self.data() {
+            Data::F32(d) => gather_rows_with(d, |v| v, c, heads, head, width),
+            Data::BF16(d) => gather_rows_with(d, bf16::to_f32, c, heads, head, width),
+            Data::F16(d) => gather_rows_with(d, f16::to_f32, c, heads, head, width),
+        }
+    }
 }
 
-/// [`fused_forward`] on inputs already validated into `p` with the same `opts`.
-pub(crate) fn fused(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<FusedOut> {
-    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
-    let kv = p.state_len();
-    let scale = opts.scale_for(dk);
+/// The fused forward's inputs where they lie; the initial state K-major (`[N, HV, K, V]`).
+struct Sources<'a, R> {
+    q: &'a R,
+    k: &'a R,
+    v: &'a R,
+    g: &'a R,
+    beta: &'a R,
+    h0: Option<&'a [f32]>,
+    a_log: Option<&'a [f32]>,
+    dt_bias: Option<&'a [f32]>,
+}
+
+/// The chunked forward on the CPU, fused (see the module doc), on host inputs: validates `x`
+/// against `opts`. The same computation as [`crate::forward`] on [`crate::Device::Cpu`], with the
+/// results left as f32 buffers and the final state K-major.
+pub fn fused_forward(x: &Inputs<'_>, opts: &Options) -> Result<FusedOut> {
+    fused_host(&Problem::from_inputs(x, opts)?, x, opts)
+}
+
+/// The fused forward on host inputs already validated into `p` with the same `opts`, read in
+/// place in their own dtype.
+pub(crate) fn fused_host(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<FusedOut> {
     let (a_log, dt_bias) = (
         x.a_log.as_ref().map(|t| t.to_f32()),
         x.dt_bias.as_ref().map(|t| t.to_f32()),
     );
-    let act = Activation::new(hv, opts, a_log.as_deref(), dt_bias.as_deref())?;
     let h0 = x.initial_state.as_ref().map(|s| {
         let s = s.to_f32();
         if opts.state_v_first {
-            crate::transpose_states(&s, dk, dv, false)
+            std::borrow::Cow::Owned(crate::host::transpose_states(&s, p.dk(), p.dv(), false))
         } else {
-            s.into_owned()
+            s
         }
     });
-    if let Some(h0) = &h0 {
-        crate::error::check_len("initial_state", h0.len(), p.num_seqs() * hv * kv)?;
+    fused(
+        p,
+        opts,
+        &Sources {
+            q: &x.q,
+            k: &x.k,
+            v: &x.v,
+            g: &x.g,
+            beta: &x.beta,
+            h0: h0.as_deref(),
+            a_log: a_log.as_deref(),
+            dt_bias: dt_bias.as_deref(),
+        },
+    )
+}
+
+/// The fused forward on f32 buffers (states K-major): the CPU's [`crate::Backend::forward`].
+pub(crate) fn fused_staged(
+    p: &Problem,
+    opts: &Options,
+    x: &StageInputs<Vec<f32>>,
+) -> Result<FusedOut> {
+    fused(
+        p,
+        opts,
+        &Sources {
+            q: &x.q,
+            k: &x.k,
+            v: &x.v,
+            g: &x.g,
+            beta: &x.beta,
+            h0: x.h0.as_deref(),
+            a_log: x.a_log.as_deref(),
+            dt_bias: x.dt_bias.as_deref(),
+        },
+    )
+}
+
+fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Result<FusedOut> {
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
+    let kv = p.state_len();
+    let scale = opts.scale_for(dk);
+    let act = Activation::new(hv, opts, x.a_log, x.dt_bias)?;
+    if let Some(h0) = x.h0 {
+        check_len("initial_state", h0.len(), p.num_seqs() * hv * kv)?;
     }
 
     let tasks: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..p.num_seqs() * hv)
@@ -73,9 +137,8 @@ pub(crate) fn fused(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<Fused
         .map(|task| {
             let (n, j) = (task / hv, task % hv);
             let kh = p.qk_head(j);
-            let mut state = h0
-                .as_ref()
-                .map_or_else(|| vec![0f32; kv], |h0| h0[task * kv..][..kv].to_vec());
+            let mut state =
+                x.h0.map_or_else(|| vec![0f32; kv], |h0| h0[task * kv..][..kv].to_vec());
             let (s0, s1) = p.seqs()[n];
             let chunks = &p.chunks()[p.seq_chunks(n)];
             let mut o = vec![0f32; (s1 - s0) * dv];
@@ -87,19 +150,22 @@ pub(crate) fn fused(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<Fused
             for c in chunks {
                 let len = c.len;
                 let (mut q, mut k, v) = (
-                    rows(&x.q, c, nh, kh, dk),
-                    rows(&x.k, c, nh, kh, dk),
-                    rows(&x.v, c, hv, j, dv),
+                    x.q.rows(c, nh, kh, dk),
+                    x.k.rows(c, nh, kh, dk),
+                    x.v.rows(c, hv, j, dv),
                 );
                 if opts.use_qk_l2norm {
                     q.chunks_exact_mut(dk).for_each(l2norm_row);
                     k.chunks_exact_mut(dk).for_each(l2norm_row);
                 }
-                let g: Vec<f32> = rows(&x.g, c, hv, j, 1)
-                    .into_iter()
-                    .map(|g| act.g(g, j))
-                    .collect();
-                let beta: Vec<f32> = rows(&x.beta, c, hv, j, 1)
+                let g: Vec<f32> =
+                    x.g.rows(c, hv, j, 1)
+                        .into_iter()
+                        .map(|g| act.g(g, j))
+                        .collect();
+                let beta: Vec<f32> = x
+                    .beta
+                    .rows(c, hv, j, 1)
                     .into_iter()
                     .map(|b| act.beta(b))
                     .collect();
@@ -139,5 +205,5 @@ pub(crate) fn fused(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<Fused
             }
         }
     }
-    Ok(FusedOut { o, final_state, h })
+    Ok(ForwardOut { o, h, final_state })
 }

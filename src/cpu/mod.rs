@@ -2,35 +2,30 @@
 //! Each task's arithmetic is fixed by the problem alone, so results are bitwise identical for any
 //! thread count.
 
-mod chunk_output;
-mod chunk_state;
-mod cumsum;
-pub(crate) mod fused;
-mod gate;
-mod kkt;
-mod l2norm;
-mod recurrent;
-mod solve_tril;
-mod wy;
+mod blocks;
+mod fused;
+mod stages;
 
-pub use chunk_output::chunk_output;
-pub use chunk_state::chunk_state;
-pub use cumsum::chunk_local_cumsum;
+pub(crate) use blocks::{
+    axpy, chunk_blocks, dot, gather_rows, gather_scalars, gemm, scatter_rows, Decays,
+};
 pub use fused::{fused_forward, FusedOut};
-pub use gate::gate;
-pub use kkt::chunk_scaled_dot_kkt;
-pub use l2norm::l2norm;
-pub use recurrent::recurrent;
-pub use solve_tril::solve_tril;
-pub use wy::recompute_w_u;
+pub use stages::chunk_output::chunk_output;
+pub use stages::chunk_state::chunk_state;
+pub use stages::cumsum::chunk_local_cumsum;
+pub use stages::gate::gate;
+pub use stages::kkt::chunk_scaled_dot_kkt;
+pub use stages::l2norm::l2norm;
+pub use stages::recurrent::recurrent;
+pub use stages::solve_tril::solve_tril;
+pub use stages::wy::recompute_w_u;
 
 use crate::backend::{Backend, ChunkStates, Gamma, StageInputs, Wy};
-use crate::dtype::Tensor;
 use crate::error::Result;
-use crate::forward::ForwardOut;
+use crate::forward::{activate, ForwardOut};
+use crate::host::HostIo;
 use crate::options::Options;
-use crate::problem::Inputs;
-use crate::problem::{Chunk, Problem};
+use crate::problem::{Inputs, Problem};
 
 /// The CPU device. Buffers are `Vec<f32>`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -108,49 +103,16 @@ impl Backend for Cpu {
     ) -> Result<Vec<f32>> {
         chunk_output(p, q, k, v_new, h, gamma, scale)
     }
-    /// The fused forward ([`fused_forward`]) on f32 buffers: what `deltanet::forward` runs, so
-    /// timings of this method are the library's CPU speed.
+    /// The fused forward on f32 buffers: the same computation, block for block, as the stages
+    /// one after the other, and what [`crate::forward`] runs (reading host tensors in place, see
+    /// [`HostIo::forward_host`]).
     fn forward(
         &self,
         p: &Problem,
         opts: &Options,
         x: &StageInputs<Vec<f32>>,
     ) -> Result<ForwardOut<Vec<f32>>> {
-        let d = p.dims();
-        let inputs = Inputs {
-            q: Tensor::f32_view(&x.q, vec![d.batch, d.seq_len, d.heads, d.dk])?,
-            k: Tensor::f32_view(&x.k, vec![d.batch, d.seq_len, d.heads, d.dk])?,
-            v: Tensor::f32_view(&x.v, vec![d.batch, d.seq_len, d.v_heads, d.dv])?,
-            g: Tensor::f32_view(&x.g, vec![d.batch, d.seq_len, d.v_heads])?,
-            beta: Tensor::f32_view(&x.beta, vec![d.batch, d.seq_len, d.v_heads])?,
-            initial_state: x
-                .h0
-                .as_ref()
-                .map(|h| Tensor::f32_view(h, p.state_shape(false).to_vec()))
-                .transpose()?,
-            cu_seqlens: None,
-            a_log: x
-                .a_log
-                .as_ref()
-                .map(|a| Tensor::f32_view(a, vec![d.v_heads]))
-                .transpose()?,
-            dt_bias: x
-                .dt_bias
-                .as_ref()
-                .map(|a| Tensor::f32_view(a, vec![d.v_heads]))
-                .transpose()?,
-        };
-        // Stage inputs hold K-major states whatever the caller's layout.
-        let opts = Options {
-            state_v_first: false,
-            ..opts.clone()
-        };
-        let f = fused::fused(p, &inputs, &opts)?;
-        Ok(ForwardOut {
-            o: f.o,
-            h: f.h,
-            final_state: f.final_state,
-        })
+        fused::fused_staged(p, opts, x)
     }
     fn recurrent(
         &self,
@@ -168,188 +130,54 @@ impl Backend for Cpu {
     }
 }
 
-/// Splits a `[tokens, per_token]` output into the disjoint, contiguous row blocks of each chunk,
-/// so chunks can be written in parallel without sharing.
-pub(crate) fn chunk_blocks<'a>(
-    p: &Problem,
-    out: &'a mut [f32],
-    per_token: usize,
-) -> Vec<(Chunk, &'a mut [f32])> {
-    let mut rest = out;
-    let mut blocks = Vec::with_capacity(p.chunks().len());
-    for c in p.chunks() {
-        // Chunks tile the tokens in order (sequences are contiguous), so each block starts
-        // where the previous one ended.
-        let (block, tail) = std::mem::take(&mut rest).split_at_mut(c.len * per_token);
-        blocks.push((*c, block));
-        rest = tail;
+/// The CPU's memory is the host's: uploads and downloads are copies (or hand-overs), and the
+/// host-facing forward and recurrent step work on the caller's memory in place.
+impl HostIo for Cpu {
+    fn upload(&self, data: &[f32]) -> Result<Vec<f32>> {
+        Ok(data.to_vec())
     }
-    blocks
-}
-
-/// The `n x width` rows of one chunk for head `head` of a `[tokens, heads, width]` buffer, as
-/// f32 (`to_f32` converts each element).
-pub(crate) fn gather_rows_with<T: Copy>(
-    x: &[T],
-    to_f32: fn(T) -> f32,
-    c: &Chunk,
-    heads: usize,
-    head: usize,
-    width: usize,
-) -> Vec<f32> {
-    let mut out = Vec::with_capacity(c.len * width);
-    for t in c.start..c.start + c.len {
-        out.extend(
-            x[(t * heads + head) * width..][..width]
-                .iter()
-                .map(|&v| to_f32(v)),
-        );
+    fn download(&self, buf: &Vec<f32>) -> Result<Vec<f32>> {
+        Ok(buf.clone())
     }
-    out
-}
-
-/// The `n x width` rows of one chunk for head `head` of a `[tokens, heads, width]` buffer.
-pub(crate) fn gather_rows(
-    x: &[f32],
-    c: &Chunk,
-    heads: usize,
-    head: usize,
-    width: usize,
-) -> Vec<f32> {
-    gather_rows_with(x, |v| v, c, heads, head, width)
-}
-
-/// Writes the consecutive rows of one head, `rows` (`len x width`, tokens `first..`), into a
-/// `[tokens, heads, width]` buffer: how per-(sequence, head) results reach FLA's layout.
-pub(crate) fn scatter_rows<T: Copy>(
-    out: &mut [T],
-    rows: &[T],
-    first: usize,
-    heads: usize,
-    head: usize,
-    width: usize,
-) {
-    for (i, row) in rows.chunks_exact(width).enumerate() {
-        out[((first + i) * heads + head) * width..][..width].copy_from_slice(row);
+    fn into_host(&self, buf: Vec<f32>) -> Result<Vec<f32>> {
+        Ok(buf)
     }
-}
-
-/// The `n` values of one chunk for head `head` of a `[tokens, heads]` buffer.
-pub(crate) fn gather_scalars(x: &[f32], c: &Chunk, heads: usize, head: usize) -> Vec<f32> {
-    (c.start..c.start + c.len)
-        .map(|t| x[t * heads + head])
-        .collect()
-}
-
-/// The decays of one chunk of one head: its slice of [`Gamma`].
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Decays {
-    pub(crate) gamma: Vec<f32>,
-    pub(crate) lo: Vec<f32>,
-    pub(crate) seg: Vec<f32>,
-}
-
-impl Decays {
-    /// Chunk `c`, value head `j`, of a `[tokens, HV]` [`Gamma`].
-    pub(crate) fn gather(gm: &Gamma<Vec<f32>>, c: &Chunk, hv: usize, j: usize) -> Decays {
-        Decays {
-            gamma: gather_scalars(&gm.gamma, c, hv, j),
-            lo: gather_scalars(&gm.lo, c, hv, j),
-            seg: gather_scalars(&gm.seg, c, hv, j),
-        }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
     }
-
-    /// Tokens in the chunk.
-    pub(crate) fn len(&self) -> usize {
-        self.gamma.len()
+    fn time_ms(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        let t = std::time::Instant::now();
+        f()?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
     }
-
-    /// The decay from token j to token i (j <= i).
-    #[inline]
-    pub(crate) fn decay(&self, i: usize, j: usize) -> f32 {
-        if self.seg[i] == self.seg[j] {
-            ((self.gamma[i] - self.gamma[j]) + (self.lo[i] - self.lo[j])).exp()
-        } else {
-            0.0
-        }
+    /// The fused forward reading `x` in place, in its own dtype: no copy of the inputs.
+    fn forward_host(
+        &self,
+        p: &Problem,
+        x: &Inputs<'_>,
+        opts: &Options,
+    ) -> Result<ForwardOut<Vec<f32>>> {
+        fused::fused_host(p, x, opts)
     }
-
-    /// The decay from the state entering the chunk to token i.
-    #[inline]
-    pub(crate) fn decay0(&self, i: usize) -> f32 {
-        if self.seg[i] == 0.0 {
-            (self.gamma[i] + self.lo[i]).exp()
-        } else {
-            0.0
-        }
-    }
-}
-
-/// `c = alpha op(a) op(b) + beta c` on row-major blocks: `op(a)` is `m x k` (stored `k x m` when
-/// `a_t`), `op(b)` is `k x n` (stored `n x k` when `b_t`), `c` is `m x n`. The small dense
-/// products of a chunk are where the CPU spends its time, so they go to a tuned, single-threaded
-/// (hence deterministic) sgemm; with `beta == 0`, `c` is only written.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(
-    m: usize,
-    k: usize,
-    n: usize,
-    alpha: f32,
-    a: &[f32],
-    a_t: bool,
-    b: &[f32],
-    b_t: bool,
-    beta: f32,
-    c: &mut [f32],
-) {
-    assert!(
-        a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
-        "gemm block sizes"
-    );
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        c[..m * n]
-            .iter_mut()
-            .for_each(|x| *x = if beta == 0.0 { 0.0 } else { *x * beta });
-        return;
-    }
-    let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
-    let (rsb, csb) = if b_t { (1, k) } else { (n, 1) };
-    // SAFETY: the assert above keeps every element the strides reach inside `a`, `b` and `c`
-    // (row-major m x k, k x n and m x n, or their transposes), and `c` is a unique borrow, so it
-    // aliases neither input.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            alpha,
-            a.as_ptr(),
-            rsa as isize,
-            csa as isize,
-            b.as_ptr(),
-            rsb as isize,
-            csb as isize,
-            beta,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
-    }
-}
-
-/// `sum a[i] b[i]`.
-#[inline]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// `y += alpha x`.
-#[inline]
-pub(crate) fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
-    for (y, x) in y.iter_mut().zip(x) {
-        *y += alpha * x;
+    /// The state is advanced where it lies: no copy of what can be gigabytes.
+    fn recurrent_host(
+        &self,
+        p: &Problem,
+        opts: &Options,
+        x: &StageInputs<Vec<f32>>,
+        state: &mut [f32],
+    ) -> Result<Vec<f32>> {
+        let a = activate(self, p, opts, x)?;
+        recurrent(
+            p,
+            a.q(),
+            a.k(),
+            &x.v,
+            &a.g,
+            &a.beta,
+            state,
+            opts.state_v_first,
+            opts.scale_for(p.dk()),
+        )
     }
 }

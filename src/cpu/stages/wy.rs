@@ -1,7 +1,7 @@
 use rayon::prelude::*;
 
-use super::{chunk_blocks, gather_rows, gather_scalars, gemm, Decays};
 use crate::backend::{Gamma, Wy};
+use crate::cpu::{chunk_blocks, gather_rows, gather_scalars, gemm, Decays};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
 

@@ -5,7 +5,7 @@ use crate::error::{check_len, Result};
 /// Scales one row to `x / sqrt(sum x^2 + 1e-6)` (FLA's l2norm; the epsilon inside the root keeps
 /// an all-zero row finite).
 pub(crate) fn l2norm_row(row: &mut [f32]) {
-    let inv = 1.0 / (super::dot(row, row) + 1e-6).sqrt();
+    let inv = 1.0 / (crate::cpu::dot(row, row) + 1e-6).sqrt();
     row.iter_mut().for_each(|v| *v *= inv);
 }
 

@@ -1,7 +1,7 @@
 use rayon::prelude::*;
 
-use super::{chunk_blocks, gather_scalars, Decays};
 use crate::backend::{Gamma, RESET_LOG_DECAY};
+use crate::cpu::{chunk_blocks, gather_scalars, Decays};
 use crate::error::Result;
 use crate::problem::Problem;
 

@@ -1,6 +1,6 @@
 use rayon::prelude::*;
 
-use super::{axpy, chunk_blocks};
+use crate::cpu::{axpy, chunk_blocks};
 use crate::error::Result;
 use crate::problem::Problem;
 

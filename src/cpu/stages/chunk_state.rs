@@ -1,7 +1,7 @@
 use rayon::prelude::*;
 
-use super::{gather_rows, gemm, Decays};
 use crate::backend::{ChunkStates, Gamma, Wy};
+use crate::cpu::{gather_rows, gemm, Decays};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
 
@@ -136,7 +136,7 @@ pub fn chunk_state(
             h_all[((first_chunk + ci) * hv + j) * kv..][..kv].copy_from_slice(hc);
         }
         let s0 = p.seqs()[n].0;
-        super::scatter_rows(&mut v_new, &vn, s0, hv, j, dv);
+        crate::cpu::scatter_rows(&mut v_new, &vn, s0, hv, j, dv);
         final_state[task * kv..][..kv].copy_from_slice(&fin);
     }
     Ok(ChunkStates {

@@ -1,7 +1,7 @@
 use rayon::prelude::*;
 
-use super::{chunk_blocks, gather_rows, gemm, Decays};
 use crate::backend::Gamma;
+use crate::cpu::{chunk_blocks, gather_rows, gemm, Decays};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
 

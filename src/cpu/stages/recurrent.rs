@@ -1,6 +1,6 @@
 use rayon::prelude::*;
 
-use super::{axpy, dot};
+use crate::cpu::{axpy, dot};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
 
@@ -78,7 +78,7 @@ pub fn recurrent(
     for (task, out) in outs.into_iter().enumerate() {
         let (n, j) = (task / hv, task % hv);
         let t0 = p.seqs()[n].0;
-        super::scatter_rows(&mut o, &out, t0, hv, j, dv);
+        crate::cpu::scatter_rows(&mut o, &out, t0, hv, j, dv);
     }
     Ok(o)
 }

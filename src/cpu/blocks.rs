@@ -1,0 +1,192 @@
+//! The block-level helpers every CPU stage and the fused path share: per-chunk gathers and
+//! scatters between FLA's `[tokens, heads, width]` layouts and chunk-sized row blocks, the decays
+//! of one chunk, and the small dense products.
+
+use crate::backend::Gamma;
+use crate::problem::{Chunk, Problem};
+
+/// Splits a `[tokens, per_token]` output into the disjoint, contiguous row blocks of each chunk,
+/// so chunks can be written in parallel without sharing.
+pub(crate) fn chunk_blocks<'a>(
+    p: &Problem,
+    out: &'a mut [f32],
+    per_token: usize,
+) -> Vec<(Chunk, &'a mut [f32])> {
+    let mut rest = out;
+    let mut blocks = Vec::with_capacity(p.chunks().len());
+    for c in p.chunks() {
+        // Chunks tile the tokens in order (sequences are contiguous), so each block starts
+        // where the previous one ended.
+        let (block, tail) = std::mem::take(&mut rest).split_at_mut(c.len * per_token);
+        blocks.push((*c, block));
+        rest = tail;
+    }
+    blocks
+}
+
+/// The `n x width` rows of one chunk for head `head` of a `[tokens, heads, width]` buffer, as
+/// f32 (`to_f32` converts each element).
+pub(crate) fn gather_rows_with<T: Copy>(
+    x: &[T],
+    to_f32: fn(T) -> f32,
+    c: &Chunk,
+    heads: usize,
+    head: usize,
+    width: usize,
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(c.len * width);
+    for t in c.start..c.start + c.len {
+        out.extend(
+            x[(t * heads + head) * width..][..width]
+                .iter()
+                .map(|&v| to_f32(v)),
+        );
+    }
+    out
+}
+
+/// The `n x width` rows of one chunk for head `head` of a `[tokens, heads, width]` buffer.
+pub(crate) fn gather_rows(
+    x: &[f32],
+    c: &Chunk,
+    heads: usize,
+    head: usize,
+    width: usize,
+) -> Vec<f32> {
+    gather_rows_with(x, |v| v, c, heads, head, width)
+}
+
+/// Writes the consecutive rows of one head, `rows` (`len x width`, tokens `first..`), into a
+/// `[tokens, heads, width]` buffer: how per-(sequence, head) results reach FLA's layout.
+pub(crate) fn scatter_rows<T: Copy>(
+    out: &mut [T],
+    rows: &[T],
+    first: usize,
+    heads: usize,
+    head: usize,
+    width: usize,
+) {
+    for (i, row) in rows.chunks_exact(width).enumerate() {
+        out[((first + i) * heads + head) * width..][..width].copy_from_slice(row);
+    }
+}
+
+/// The `n` values of one chunk for head `head` of a `[tokens, heads]` buffer.
+pub(crate) fn gather_scalars(x: &[f32], c: &Chunk, heads: usize, head: usize) -> Vec<f32> {
+    (c.start..c.start + c.len)
+        .map(|t| x[t * heads + head])
+        .collect()
+}
+
+/// The decays of one chunk of one head: its slice of [`Gamma`].
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Decays {
+    pub(crate) gamma: Vec<f32>,
+    pub(crate) lo: Vec<f32>,
+    pub(crate) seg: Vec<f32>,
+}
+
+impl Decays {
+    /// Chunk `c`, value head `j`, of a `[tokens, HV]` [`Gamma`].
+    pub(crate) fn gather(gm: &Gamma<Vec<f32>>, c: &Chunk, hv: usize, j: usize) -> Decays {
+        Decays {
+            gamma: gather_scalars(&gm.gamma, c, hv, j),
+            lo: gather_scalars(&gm.lo, c, hv, j),
+            seg: gather_scalars(&gm.seg, c, hv, j),
+        }
+    }
+
+    /// Tokens in the chunk.
+    pub(crate) fn len(&self) -> usize {
+        self.gamma.len()
+    }
+
+    /// The decay from token j to token i (j <= i).
+    #[inline]
+    pub(crate) fn decay(&self, i: usize, j: usize) -> f32 {
+        if self.seg[i] == self.seg[j] {
+            ((self.gamma[i] - self.gamma[j]) + (self.lo[i] - self.lo[j])).exp()
+        } else {
+            0.0
+        }
+    }
+
+    /// The decay from the state entering the chunk to token i.
+    #[inline]
+    pub(crate) fn decay0(&self, i: usize) -> f32 {
+        if self.seg[i] == 0.0 {
+            (self.gamma[i] + self.lo[i]).exp()
+        } else {
+            0.0
+        }
+    }
+}
+
+/// `c = alpha op(a) op(b) + beta c` on row-major blocks: `op(a)` is `m x k` (stored `k x m` when
+/// `a_t`), `op(b)` is `k x n` (stored `n x k` when `b_t`), `c` is `m x n`. The small dense
+/// products of a chunk are where the CPU spends its time, so they go to a tuned, single-threaded
+/// (hence deterministic) sgemm; with `beta == 0`, `c` is only written.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    a_t: bool,
+    b: &[f32],
+    b_t: bool,
+    beta: f32,
+    c: &mut [f32],
+) {
+    assert!(
+        a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
+        "gemm block sizes"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c[..m * n]
+            .iter_mut()
+            .for_each(|x| *x = if beta == 0.0 { 0.0 } else { *x * beta });
+        return;
+    }
+    let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
+    let (rsb, csb) = if b_t { (1, k) } else { (n, 1) };
+    // SAFETY: the assert above keeps every element the strides reach inside `a`, `b` and `c`
+    // (row-major m x k, k x n and m x n, or their transposes), and `c` is a unique borrow, so it
+    // aliases neither input.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.as_ptr(),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
+/// `sum a[i] b[i]`.
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `y += alpha x`.
+#[inline]
+pub(crate) fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += alpha * x;
+    }
+}
