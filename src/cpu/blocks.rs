@@ -190,3 +190,61 @@ pub(crate) fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
         *y += alpha * x;
     }
 }
+
+/// How many of the `n` rows of `x` (`n x width`, row-major) come before the first row holding a
+/// NaN or an infinity: `n` when all are finite.
+pub(crate) fn finite_rows(x: &[f32], n: usize) -> usize {
+    if n == 0 || x.len() < n {
+        return n;
+    }
+    let width = x.len() / n;
+    // `v * 0` is zero for every finite `v` and NaN otherwise; summed in eight lanes this is one
+    // branch-free pass that vectorises, and only a block that fails it is searched row by row.
+    let mut lanes = [0f32; 8];
+    let mut blocks = x.chunks_exact(8);
+    for b in &mut blocks {
+        for (l, v) in lanes.iter_mut().zip(b) {
+            *l += v * 0.0;
+        }
+    }
+    let tail: f32 = blocks.remainder().iter().map(|v| v * 0.0).sum();
+    if lanes.iter().sum::<f32>() + tail == 0.0 {
+        return n;
+    }
+    x.chunks_exact(width)
+        .position(|row| row.iter().any(|v| !v.is_finite()))
+        .unwrap_or(n)
+}
+
+/// `c = l b + beta c` for a lower-triangular `n x n` `l` (row-major, zero above the diagonal) and
+/// an `n x w` `b`: the products of a chunk that mix its tokens causally (`A_inv (beta k)`,
+/// `causal(q k^T) v_new`).
+///
+/// Row i needs only rows `0..=i` of `b`, but a full product also multiplies the zeros above the
+/// diagonal by the later rows, and `0 * NaN` is NaN: a non-finite row of `b` would reach every
+/// earlier row of `c`. So when `b` has one, the rows before it are computed from the rows before
+/// it alone, as a chunk ending there would compute them.
+pub(crate) fn gemm_causal(n: usize, w: usize, l: &[f32], b: &[f32], beta: f32, c: &mut [f32]) {
+    let m = finite_rows(&b[..n * w], n);
+    if m == n {
+        gemm(n, n, w, 1.0, l, false, b, false, beta, c);
+        return;
+    }
+    let mut head = vec![0f32; m * m];
+    for i in 0..m {
+        head[i * m..][..m].copy_from_slice(&l[i * n..][..m]);
+    }
+    gemm(m, m, w, 1.0, &head, false, b, false, beta, &mut c[..m * w]);
+    gemm(
+        n - m,
+        n,
+        w,
+        1.0,
+        &l[m * n..],
+        false,
+        b,
+        false,
+        beta,
+        &mut c[m * w..],
+    );
+}

@@ -7,7 +7,7 @@ mod fused;
 mod stages;
 
 pub(crate) use blocks::{
-    axpy, chunk_blocks, dot, gather_rows, gather_scalars, gemm, scatter_rows, Decays,
+    axpy, chunk_blocks, dot, gather_rows, gather_scalars, gemm, gemm_causal, scatter_rows, Decays,
 };
 pub use fused::{fused_forward, FusedOut};
 pub use stages::chunk_output::chunk_output;

@@ -1,7 +1,7 @@
 use rayon::prelude::*;
 
 use crate::backend::Gamma;
-use crate::cpu::{chunk_blocks, gather_rows, gemm, Decays};
+use crate::cpu::{chunk_blocks, gather_rows, gemm, gemm_causal, Decays};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
 
@@ -37,7 +37,7 @@ pub(crate) fn output_block(
             *x = if l <= i { *x * d.decay(i, l) } else { 0.0 };
         }
     }
-    gemm(n, n, dv, 1.0, &p, false, v_new, false, 1.0, o);
+    gemm_causal(n, dv, &p, v_new, 1.0, o);
     o[..n * dv].iter_mut().for_each(|x| *x *= scale);
 }
 

@@ -1,7 +1,7 @@
 use rayon::prelude::*;
 
 use crate::backend::{Gamma, Wy};
-use crate::cpu::{chunk_blocks, gather_rows, gather_scalars, gemm, Decays};
+use crate::cpu::{chunk_blocks, gather_rows, gather_scalars, gemm_causal, Decays};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
 
@@ -29,8 +29,8 @@ pub(crate) fn wy_block(
         kb[l * dk..][..dk].iter_mut().for_each(|x| *x *= coef);
         vb[l * dv..][..dv].iter_mut().for_each(|x| *x *= beta[l]);
     }
-    gemm(n, n, dk, 1.0, a_inv, false, &kb, false, 0.0, w);
-    gemm(n, n, dv, 1.0, a_inv, false, &vb, false, 0.0, u);
+    gemm_causal(n, dk, a_inv, &kb, 0.0, w);
+    gemm_causal(n, dv, a_inv, &vb, 0.0, u);
 }
 
 /// `w = A_inv (beta e^gamma k)` and `u = A_inv (beta v)`, chunk by chunk.
