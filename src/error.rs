@@ -42,6 +42,10 @@ pub enum Error {
         /// What is wrong with it.
         message: String,
     },
+    /// One of deltanet's own invariants failed: a bug in deltanet, not in the caller's input or
+    /// files. The message says which invariant.
+    #[error("internal error (a bug in deltanet, please report it): {0}")]
+    Internal(String),
     /// NVRTC rejected a kernel source.
     #[error("NVRTC failed to compile kernel {kernel} for {arch}: {log}")]
     Compile {
@@ -67,15 +71,21 @@ impl Error {
         }
     }
 
-    /// Attributes an error to the file at `path` (a [`Error::File`] is returned unchanged).
+    /// Attributes an error to the file at `path` (a [`Error::File`], or an [`Error::Internal`]
+    /// that no file caused, is returned unchanged).
     pub fn in_file(path: &std::path::Path, err: Error) -> Self {
         match err {
-            Error::File { .. } => err,
+            Error::File { .. } | Error::Internal(_) => err,
             other => Error::File {
                 path: path.display().to_string(),
                 message: other.to_string(),
             },
         }
+    }
+
+    /// Shorthand for [`Error::Internal`].
+    pub fn internal(message: impl ToString) -> Self {
+        Error::Internal(message.to_string())
     }
 
     /// Shorthand for [`Error::File`].

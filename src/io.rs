@@ -738,7 +738,7 @@ pub fn forward_to_file(
                         match carry.take() {
                             Some(c) => init.extend_from_slice(&c),
                             None => {
-                                return Err(Error::file(path, "internal: lost a carried state"))
+                                return Err(Error::internal("a segment lost its carried state"))
                             }
                         }
                     } else {
@@ -790,7 +790,7 @@ pub fn forward_to_file(
                 }
                 match out.final_state {
                     Some(s) => s.to_f32().into_owned(),
-                    None => return Err(Error::file(path, "internal: no final state")),
+                    None => return Err(Error::internal("a segment returned no final state")),
                 }
             };
             for (i, pc) in seg.iter().enumerate() {
