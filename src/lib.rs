@@ -120,17 +120,17 @@ pub struct Output {
 ///
 /// Causality holds for NaN and infinity as it does in the per-token definition. For each
 /// (sequence, value head), call t the first token at which q, k (of the q/k head that value
-/// head reads), v, g or beta holds a NaN or an infinity (a g of -infinity excepted: it is a
-/// hard reset, see [`RESET_LOG_DECAY`]):
-/// - the outputs of the tokens before t, and the chunk states of the chunks starting at or
-///   before t, are computed from the tokens before t alone: the same values as when the input
-///   ends before t, finite when those tokens are;
+/// head reads), v, g or beta holds a NaN or an infinity:
+/// - the outputs of the tokens before t, and the states entering the chunks that start at or
+///   before t, are computed from the tokens before t alone: the values they have when
+///   the inputs at t and after are finite (hence finite when the earlier inputs are);
 /// - `o` from t on and the final state of that (sequence, value head) are what the arithmetic
 ///   gives, as a rule NaN or infinite (the per-token recurrence propagates them too);
 /// - other sequences and value heads are unaffected.
 ///
-/// A non-finite `initial_state`, `A_log` or `dt_bias` reaches every token of the heads it
-/// belongs to. Nothing is checked or reported: a caller who needs to know scans its inputs.
+/// A g of -infinity is no error but a hard reset of the state (see [`RESET_LOG_DECAY`]); a
+/// non-finite `initial_state`, `A_log` or `dt_bias` reaches every token of the heads it belongs
+/// to. Nothing is checked or reported: a caller who must know scans its inputs.
 pub fn forward(device: &Device, x: &Inputs<'_>, opts: &Options) -> Result<Output> {
     let p = Problem::from_inputs(x, opts)?;
     match device {

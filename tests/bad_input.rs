@@ -407,3 +407,18 @@ fn device_names() {
     );
     assert!(matches!(Device::parse("cpu").unwrap(), Device::Cpu));
 }
+
+#[test]
+fn internal_errors_are_not_attributed_to_a_file() {
+    let err = Error::in_file(std::path::Path::new("in.safetensors"), Error::internal("x"));
+    assert!(matches!(err, Error::Internal(_)), "{err}");
+    assert!(err.to_string().contains("a bug in deltanet"), "{err}");
+    let err = Error::in_file(
+        std::path::Path::new("in.safetensors"),
+        Error::invalid("q", "rank 4", "rank 3"),
+    );
+    assert!(
+        matches!(&err, Error::File { path, .. } if path == "in.safetensors"),
+        "{err}"
+    );
+}
