@@ -39,7 +39,7 @@ pub trait HostIo: Backend {
     /// default; the CPU hands its buffer over without a copy.
     ///
     /// [`download`]: HostIo::download
-    fn into_host(&self, buf: Self::Buf) -> Result<Vec<f32>> {
+    fn download_owned(&self, buf: Self::Buf) -> Result<Vec<f32>> {
         self.download(&buf)
     }
     /// Waits until all work queued on the device is done.
@@ -133,12 +133,12 @@ pub(crate) fn forward_on<D: HostIo>(
 ) -> Result<Output> {
     let out = dev.forward_host(p, x, opts)?;
     let final_state = if opts.output_final_state {
-        Some(dev.into_host(out.final_state)?)
+        Some(dev.download_owned(out.final_state)?)
     } else {
         None
     };
-    let h = out.h.map(|h| dev.into_host(h)).transpose()?;
-    host_output(p, x, opts, dev.into_host(out.o)?, final_state, h)
+    let h = out.h.map(|h| dev.download_owned(h)).transpose()?;
+    host_output(p, x, opts, dev.download_owned(out.o)?, final_state, h)
 }
 
 /// [`crate::recurrent_step`] on one device: [`HostIo::recurrent_host`] on the uploaded inputs,
@@ -151,7 +151,7 @@ pub(crate) fn recurrent_on<D: HostIo>(
     opts: &Options,
 ) -> Result<Tensor<'static>> {
     let si = upload_inputs(dev, p, x, opts)?;
-    let o = dev.into_host(dev.recurrent_host(p, opts, &si, state)?)?;
+    let o = dev.download_owned(dev.recurrent_host(p, opts, &si, state)?)?;
     Tensor::cast_from_f32(
         &o,
         vec![p.batch(), p.seq_len(), p.v_heads(), p.dv()],

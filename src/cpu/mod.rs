@@ -139,7 +139,7 @@ impl HostIo for Cpu {
     fn download(&self, buf: &Vec<f32>) -> Result<Vec<f32>> {
         Ok(buf.clone())
     }
-    fn into_host(&self, buf: Vec<f32>) -> Result<Vec<f32>> {
+    fn download_owned(&self, buf: Vec<f32>) -> Result<Vec<f32>> {
         Ok(buf)
     }
     fn synchronize(&self) -> Result<()> {
