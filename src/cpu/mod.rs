@@ -1,6 +1,10 @@
-//! The CPU backend: every stage in f32, parallel over chunks or (sequence, head) with rayon.
-//! Each task's arithmetic is fixed by the problem alone, so results are bitwise identical for any
-//! thread count.
+//! The CPU device, [`Cpu`]: a [`Backend`] and a [`HostIo`] whose memory is the host's.
+//!
+//! `stages/` holds one file per stage (the tested reference path; each stage is public here as
+//! a function on flat f32 buffers), `fused.rs` the forward that [`crate::forward`] runs, and
+//! `blocks.rs` the per-chunk pieces both share. Everything is f32, parallel over chunks or
+//! (sequence, head) with rayon; each task's arithmetic is fixed by the problem alone, so results
+//! are bitwise identical for any thread count.
 
 mod blocks;
 mod fused;
