@@ -25,10 +25,12 @@ pub(crate) fn chunk_blocks<'a>(
 }
 
 /// The `n x width` rows of one chunk for head `head` of a `[tokens, heads, width]` buffer, as
-/// f32 (`to_f32` converts each element).
-pub(crate) fn gather_rows_with<T: Copy>(
+/// f32 (`to_f32` converts each element). Generic and inlined so that the conversion is inlined
+/// into the copy loop: this is the fused forward's every read of its inputs.
+#[inline]
+pub(crate) fn gather_rows_with<T: Copy, F: Fn(T) -> f32>(
     x: &[T],
-    to_f32: fn(T) -> f32,
+    to_f32: F,
     c: &Chunk,
     heads: usize,
     head: usize,
