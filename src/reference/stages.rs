@@ -223,7 +223,9 @@ pub fn a_inv<T: Copy + Into<f64>>(p: &Problem, a_strict: &[T]) -> Vec<f64> {
         for i in 0..c.len {
             for l in 0..=i {
                 let id = if i == l { 1.0 } else { 0.0 };
-                let s: f64 = (l..i).map(|m| a_strict[at(i, m)].into() * x[at(m, l)]).sum();
+                let s: f64 = (l..i)
+                    .map(|m| a_strict[at(i, m)].into() * x[at(m, l)])
+                    .sum();
                 x[at(i, l)] = id - s;
             }
         }
@@ -260,9 +262,10 @@ pub fn inverse_residual(p: &Problem, a_strict: &[f32], a_inv: &[f32]) -> Inverse
                     continue;
                 }
                 r.max_entry = r.max_entry.max(x.abs());
-                let prod = x + (0..i)
-                    .map(|m| a_strict[at(i, m)] as f64 * a_inv[at(m, l)] as f64)
-                    .sum::<f64>();
+                let prod = x
+                    + (0..i)
+                        .map(|m| a_strict[at(i, m)] as f64 * a_inv[at(m, l)] as f64)
+                        .sum::<f64>();
                 let id = if i == l { 1.0 } else { 0.0 };
                 r.max_abs = r.max_abs.max((prod - id).abs());
             }
@@ -460,7 +463,9 @@ where
                 let d0 = gamma.decay0(ti);
                 if d0 != 0.0 {
                     for (col, o) in out.iter_mut().enumerate() {
-                        let qh: f64 = (0..dk).map(|r| qi[r].into() * hs[r * dv + col].into()).sum();
+                        let qh: f64 = (0..dk)
+                            .map(|r| qi[r].into() * hs[r * dv + col].into())
+                            .sum();
                         *o += d0 * qh;
                     }
                 }

@@ -199,10 +199,10 @@ impl Spec {
         let chunk_size = CHUNK_SIZES[rng.int(0, CHUNK_SIZES.len() - 1)];
         let dtype = [DType::F32, DType::BF16, DType::F16][rng.int(0, 2)];
         let odds = [0.4, 0.3, 0.5, 0.25, 0.3, 0.5, 0.3, 0.5, 0.3, 0.15, 0.2, 0.2];
-        let flags = odds
-            .iter()
-            .enumerate()
-            .fold(0u16, |f, (i, &p)| if rng.chance(p) { f | 1 << i } else { f });
+        let flags = odds.iter().enumerate().fold(
+            0u16,
+            |f, (i, &p)| if rng.chance(p) { f | 1 << i } else { f },
+        );
         Spec {
             b,
             t,

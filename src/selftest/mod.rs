@@ -189,9 +189,7 @@ pub fn check_case(
         Device::Cuda(_) => tol,
     };
     match device {
-        Device::Cpu => {
-            stages::stage_checks(&cpu::Cpu, &p, case, &act, &oracle, stage_tol, report)
-        }
+        Device::Cpu => stages::stage_checks(&cpu::Cpu, &p, case, &act, &oracle, stage_tol, report),
         Device::Cuda(d) => {
             stages::stage_checks(d.as_ref(), &p, case, &act, &oracle, stage_tol, report)
         }

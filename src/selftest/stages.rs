@@ -139,21 +139,17 @@ fn run_stages<D: HostIo>(
     let h = dev.download(&cs.h)?;
     let v_new = dev.download(&cs.v_new)?;
     let fin = dev.download(&cs.final_state)?;
-    let fin_k_major = r::states_k_major(
-        &oracle.final_state,
-        p.dk(),
-        p.dv(),
-        case.opts.state_v_first,
-    );
+    let fin_k_major =
+        r::states_k_major(&oracle.final_state, p.dk(), p.dv(), case.opts.state_v_first);
     report(
         "chunk_state h, final_state vs oracle",
-        Ok((
-            rel_l2(&h, &oracle.h).max(rel_l2(&fin, &fin_k_major)),
-            tol,
-        )),
+        Ok((rel_l2(&h, &oracle.h).max(rel_l2(&fin, &fin_k_major)), tol)),
     );
     let vn = r::v_new(p, &w, &u, &h);
-    report("chunk_state v_new = u - w h", Ok((rel_l2(&v_new, &vn), tol)));
+    report(
+        "chunk_state v_new = u - w h",
+        Ok((rel_l2(&v_new, &vn), tol)),
+    );
 
     // chunk_output against its definition on the device's own intermediates.
     let scale = case.opts.scale_for(p.dk());
