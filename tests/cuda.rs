@@ -663,8 +663,8 @@ fn bench_forward_and_decode() {
             &mut state,
             false,
             scale,
-        )
-        .map(|_| ())
+        )?;
+        Ok(())
     });
     println!(
         "decode N={n} H={h} HV={hv} K={dk} V={dv}: median {ms:.3} ms ({:.2} TB/s of state read+written)",

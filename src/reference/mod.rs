@@ -21,11 +21,15 @@ pub use recurrence::{reference, Reference};
 pub use stages::{
     a_inv, a_strict, activate, beta_activation, chunk_local_cumsum, chunk_output, chunk_state,
     chunked, gate, inverse_residual, l2norm, softplus, v_new, w_u, Activated64, Gamma64,
-    InverseResidual, State64,
+    InverseResidual,
 };
 
+/// A number the definitions take as input: f32 as a device produced it, or f64.
+pub trait Real: Copy + Into<f64> {}
+impl<T: Copy + Into<f64>> Real for T {}
+
 /// `x` widened to f64.
-pub fn widen<T: Copy + Into<f64>>(x: &[T]) -> Vec<f64> {
+pub fn widen<T: Real>(x: &[T]) -> Vec<f64> {
     x.iter().map(|&v| v.into()).collect()
 }
 

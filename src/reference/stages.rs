@@ -2,8 +2,8 @@
 //! inputs (f32 from a device or f64 from the definition before it), so a device's stage can be
 //! judged on its own.
 
-use super::{initial_state_k_major, states_to_caller, tensor_f64, widen, Reference};
-use crate::backend::RESET_LOG_DECAY;
+use super::{initial_state_k_major, states_to_caller, tensor_f64, widen, Real, Reference};
+use crate::backend::{ChunkStates, Wy, RESET_LOG_DECAY};
 use crate::error::Result;
 use crate::options::Options;
 use crate::problem::{Chunk, Inputs, Problem};
@@ -18,7 +18,7 @@ pub fn softplus(x: f64) -> f64 {
 }
 
 /// Rows of `dim` divided by `sqrt(sum x^2 + 1e-6)`.
-pub fn l2norm<T: Copy + Into<f64>>(x: &[T], dim: usize) -> Vec<f64> {
+pub fn l2norm<T: Real>(x: &[T], dim: usize) -> Vec<f64> {
     let mut out = widen(x);
     for row in out.chunks_exact_mut(dim) {
         let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() + 1e-6).sqrt();
@@ -144,7 +144,7 @@ impl Gamma64 {
 }
 
 /// The definition of the chunk_local_cumsum stage on the effective gates `g` (`[B, T, HV]`).
-pub fn chunk_local_cumsum<T: Copy + Into<f64>>(p: &Problem, g: &[T]) -> Gamma64 {
+pub fn chunk_local_cumsum<T: Real>(p: &Problem, g: &[T]) -> Gamma64 {
     let hv = p.v_heads();
     let mut out = Gamma64 {
         gamma: vec![0.0; g.len()],
@@ -186,18 +186,13 @@ fn key_row<'a, T>(x: &'a [T], p: &Problem, t: usize, kh: usize) -> &'a [T] {
     &x[(t * p.heads() + kh) * p.dk()..][..p.dk()]
 }
 
-fn dot<A: Copy + Into<f64>, B: Copy + Into<f64>>(a: &[A], b: &[B]) -> f64 {
+fn dot<T: Real>(a: &[T], b: &[T]) -> f64 {
     a.iter().zip(b).map(|(&x, &y)| x.into() * y.into()).sum()
 }
 
 /// The definition of `A_strict` (chunk_scaled_dot_kkt), `[B, T, HV, BT]`: within each chunk,
 /// `A[i, l] = beta_i (k_i . k_l) decay(i, l)` for l < i, zero elsewhere.
-pub fn a_strict<K: Copy + Into<f64>, B: Copy + Into<f64>>(
-    p: &Problem,
-    k: &[K],
-    beta: &[B],
-    gamma: &Gamma64,
-) -> Vec<f64> {
+pub fn a_strict<T: Real>(p: &Problem, k: &[T], beta: &[T], gamma: &Gamma64) -> Vec<f64> {
     let hv = p.v_heads();
     let mut a = vec![0f64; p.tokens() * hv * p.chunk_size()];
     for_blocks(p, |c, j, at| {
@@ -217,7 +212,7 @@ pub fn a_strict<K: Copy + Into<f64>, B: Copy + Into<f64>>(
 
 /// The definition of `A_inv` (solve_tril): `(I + A_strict)^-1` of every block, by forward
 /// substitution; zero past a short chunk.
-pub fn a_inv<T: Copy + Into<f64>>(p: &Problem, a_strict: &[T]) -> Vec<f64> {
+pub fn a_inv<T: Real>(p: &Problem, a_strict: &[T]) -> Vec<f64> {
     let mut x = vec![0f64; a_strict.len()];
     for_blocks(p, |c, _, at| {
         for i in 0..c.len {
@@ -276,20 +271,14 @@ pub fn inverse_residual(p: &Problem, a_strict: &[f32], a_inv: &[f32]) -> Inverse
 
 /// The definition of recompute_w_u: `w = A_inv diag(beta decay0) K` (`[B, T, HV, K]`) and
 /// `u = A_inv diag(beta) V` (`[B, T, HV, V]`), block by block.
-pub fn w_u<K, V, B, A>(
+pub fn w_u<T: Real>(
     p: &Problem,
-    k: &[K],
-    v: &[V],
-    beta: &[B],
+    k: &[T],
+    v: &[T],
+    beta: &[T],
     gamma: &Gamma64,
-    a_inv: &[A],
-) -> (Vec<f64>, Vec<f64>)
-where
-    K: Copy + Into<f64>,
-    V: Copy + Into<f64>,
-    B: Copy + Into<f64>,
-    A: Copy + Into<f64>,
-{
+    a_inv: &[T],
+) -> Wy<Vec<f64>> {
     let (hv, dk, dv) = (p.v_heads(), p.dk(), p.dv());
     let mut w = vec![0f64; p.tokens() * hv * dk];
     let mut u = vec![0f64; p.tokens() * hv * dv];
@@ -314,86 +303,58 @@ where
             }
         }
     });
-    (w, u)
+    Wy { w, u }
 }
 
 /// `v_new = u - w h` for the tokens of chunk `ci`, value head j, given the state `h` entering
 /// it (K-major `[K, V]`).
-fn v_new_block<W, U, H>(
+fn v_new_block<T: Real, H: Real>(
     p: &Problem,
     ci: usize,
     j: usize,
-    w: &[W],
-    u: &[U],
+    wy: &Wy<Vec<T>>,
     h: &[H],
     out: &mut [f64],
-) where
-    W: Copy + Into<f64>,
-    U: Copy + Into<f64>,
-    H: Copy + Into<f64>,
-{
+) {
     let (hv, dk, dv) = (p.v_heads(), p.dk(), p.dv());
     let c = p.chunks()[ci];
     for t in c.start..c.start + c.len {
         let tj = t * hv + j;
         for col in 0..dv {
             let wh: f64 = (0..dk)
-                .map(|r| w[tj * dk + r].into() * h[r * dv + col].into())
+                .map(|r| wy.w[tj * dk + r].into() * h[r * dv + col].into())
                 .sum();
-            out[tj * dv + col] = u[tj * dv + col].into() - wh;
+            out[tj * dv + col] = wy.u[tj * dv + col].into() - wh;
         }
     }
 }
 
 /// The definition of `v_new = u - w h` (`[B, T, HV, V]`), with `h` the state entering every
 /// chunk (`[chunks, HV, K, V]`).
-pub fn v_new<W, U, H>(p: &Problem, w: &[W], u: &[U], h: &[H]) -> Vec<f64>
-where
-    W: Copy + Into<f64>,
-    U: Copy + Into<f64>,
-    H: Copy + Into<f64>,
-{
+pub fn v_new<T: Real>(p: &Problem, wy: &Wy<Vec<T>>, h: &[T]) -> Vec<f64> {
     let (hv, kv) = (p.v_heads(), p.dk() * p.dv());
     let mut out = vec![0f64; p.tokens() * hv * p.dv()];
     for ci in 0..p.chunks().len() {
         for j in 0..hv {
-            v_new_block(p, ci, j, w, u, &h[(ci * hv + j) * kv..][..kv], &mut out);
+            v_new_block(p, ci, j, wy, &h[(ci * hv + j) * kv..][..kv], &mut out);
         }
     }
     out
 }
 
-/// What the definition of chunk_state produces, in float64.
-#[derive(Clone, Debug)]
-pub struct State64 {
-    /// The state entering each chunk, `[chunks, HV, K, V]`.
-    pub h: Vec<f64>,
-    /// `v_new = u - w h`, `[B, T, HV, V]`.
-    pub v_new: Vec<f64>,
-    /// The state after each sequence, `[N, HV, K, V]`.
-    pub final_state: Vec<f64>,
-}
-
 /// The definition of chunk_state: per sequence and value head, from `h0` (`[N, HV, K, V]`,
 /// zeros without one), each chunk's `v_new = u - w h` and then
 /// `h <- decay0(last) h + sum_i decay(last, i) k_i v_new_i^T`.
-pub fn chunk_state<K, W, U, S>(
+pub fn chunk_state<T: Real>(
     p: &Problem,
-    k: &[K],
-    w: &[W],
-    u: &[U],
+    k: &[T],
+    wy: &Wy<Vec<T>>,
     gamma: &Gamma64,
-    h0: Option<&[S]>,
-) -> State64
-where
-    K: Copy + Into<f64>,
-    W: Copy + Into<f64>,
-    U: Copy + Into<f64>,
-    S: Copy + Into<f64>,
-{
+    h0: Option<&[T]>,
+) -> ChunkStates<Vec<f64>> {
     let (hv, dk, dv) = (p.v_heads(), p.dk(), p.dv());
     let kv = dk * dv;
-    let mut out = State64 {
+    let mut out = ChunkStates {
         h: vec![0f64; p.chunks().len() * hv * kv],
         v_new: vec![0f64; p.tokens() * hv * dv],
         final_state: vec![0f64; p.num_seqs() * hv * kv],
@@ -408,7 +369,7 @@ where
             for ci in p.seq_chunks(n) {
                 let c = p.chunks()[ci];
                 out.h[(ci * hv + j) * kv..][..kv].copy_from_slice(&h);
-                v_new_block(p, ci, j, w, u, &h, &mut out.v_new);
+                v_new_block(p, ci, j, wy, &h, &mut out.v_new);
                 let tj = |i: usize| (c.start + i) * hv + j;
                 let last = tj(c.len - 1);
                 let d_last = gamma.decay0(last);
@@ -434,21 +395,15 @@ where
 /// The definition of chunk_output (`[B, T, HV, V]`):
 /// `o_i = scale (decay0(i) q_i^T h + sum_{l <= i} decay(i, l) (q_i . k_l) v_new_l)`, with `h` the
 /// state entering the chunk (`[chunks, HV, K, V]`).
-pub fn chunk_output<Q, K, V, H>(
+pub fn chunk_output<X: Real, Y: Real>(
     p: &Problem,
-    q: &[Q],
-    k: &[K],
-    v_new: &[V],
-    h: &[H],
+    q: &[X],
+    k: &[X],
+    v_new: &[Y],
+    h: &[Y],
     gamma: &Gamma64,
     scale: f64,
-) -> Vec<f64>
-where
-    Q: Copy + Into<f64>,
-    K: Copy + Into<f64>,
-    V: Copy + Into<f64>,
-    H: Copy + Into<f64>,
-{
+) -> Vec<f64> {
     let (hv, dk, dv) = (p.v_heads(), p.dk(), p.dv());
     let kv = dk * dv;
     let mut o = vec![0f64; p.tokens() * hv * dv];
@@ -488,16 +443,16 @@ where
 }
 
 /// The chunked forward composed of the stage definitions above, all in float64. It equals
-/// [`super::reference`] up to float64 rounding; `h` is [`State64::h`].
+/// [`super::reference`] up to float64 rounding; `h` is [`ChunkStates::h`].
 pub fn chunked(x: &Inputs<'_>, opts: &Options) -> Result<Reference> {
     let p = Problem::from_inputs(x, opts)?;
     let a = activate(x, opts)?;
     let gamma = chunk_local_cumsum(&p, &a.g);
     let a_s = a_strict(&p, &a.k, &a.beta, &gamma);
     let a_i = a_inv(&p, &a_s);
-    let (w, u) = w_u(&p, &a.k, &a.v, &a.beta, &gamma, &a_i);
+    let wy = w_u(&p, &a.k, &a.v, &a.beta, &gamma, &a_i);
     let h0 = initial_state_k_major(x, &p, opts.state_v_first);
-    let st = chunk_state(&p, &a.k, &w, &u, &gamma, Some(&h0));
+    let st = chunk_state(&p, &a.k, &wy, &gamma, Some(&h0));
     let scale = opts
         .scale
         .map(|s| s as f64)

@@ -141,36 +141,17 @@ pub struct Spec {
     pub dtype: DType,
     /// Seeds the values.
     pub seed: u64,
-    /// Bits picking the options and value profiles, see the `Spec::*` bit constants.
+    /// Bits picking the options and value profiles: 0 `use_qk_l2norm`, 1 `beta_is_logits`,
+    /// 2 `allow_neg_eigval` (with bit 1 only: alone it means nothing), 3 `gate_in_kernel` (with
+    /// `A_log` and `dt_bias`), 4 `state_v_first`, 5 the tiled head map, 6 a scale of 0.3, 7 an
+    /// initial state, 8 hard resets (3% of the gates -inf or -1e4), 9 runs of gates just above
+    /// the hard-reset threshold (a chunk's sum past -1000), 10 strong decays
+    /// (`g = -8 softplus(U(-6, 1.5))`, within-chunk sums in the hundreds), 11 beta in [0, 2)
+    /// without logits (negative eigenvalues of the transition).
     pub flags: u16,
 }
 
 impl Spec {
-    /// `use_qk_l2norm`.
-    pub const L2NORM: u32 = 0;
-    /// `beta_is_logits`.
-    pub const BETA_LOGITS: u32 = 1;
-    /// `allow_neg_eigval` (only with [`Spec::BETA_LOGITS`]; alone it means nothing).
-    pub const NEG_EIGVAL: u32 = 2;
-    /// `gate_in_kernel`, with `A_log` and `dt_bias`.
-    pub const GATE_IN_KERNEL: u32 = 3;
-    /// `state_v_first`.
-    pub const STATE_V_FIRST: u32 = 4;
-    /// The tiled head map (grouped otherwise).
-    pub const TILED: u32 = 5;
-    /// An explicit scale of 0.3.
-    pub const SCALE: u32 = 6;
-    /// An initial state.
-    pub const INITIAL_STATE: u32 = 7;
-    /// Hard resets: 3% of the gates -inf or -1e4.
-    pub const HARD_RESETS: u32 = 8;
-    /// Runs of gates just above the hard-reset threshold, taking a chunk's sum past -1000.
-    pub const GATE_BURSTS: u32 = 9;
-    /// Strong decays, `g = -8 softplus(U(-6, 1.5))`, whose within-chunk sums reach the hundreds.
-    pub const STRONG_DECAY: u32 = 10;
-    /// beta in [0, 2) without logits (negative eigenvalues of the transition).
-    pub const WIDE_BETA: u32 = 11;
-
     /// Whether flag bit `i` is set.
     pub fn flag(&self, i: u32) -> bool {
         self.flags >> i & 1 == 1
@@ -221,21 +202,17 @@ impl Spec {
     /// The options this spec picks (output in f32, final state on).
     pub fn options(&self) -> Options {
         Options {
-            use_qk_l2norm: self.flag(Self::L2NORM),
-            beta_is_logits: self.flag(Self::BETA_LOGITS),
-            allow_neg_eigval: self.flag(Self::BETA_LOGITS) && self.flag(Self::NEG_EIGVAL),
-            gate_in_kernel: self.flag(Self::GATE_IN_KERNEL),
-            state_v_first: self.flag(Self::STATE_V_FIRST),
-            head_map: if self.flag(Self::TILED) {
+            use_qk_l2norm: self.flag(0),
+            beta_is_logits: self.flag(1),
+            allow_neg_eigval: self.flag(1) && self.flag(2),
+            gate_in_kernel: self.flag(3),
+            state_v_first: self.flag(4),
+            head_map: if self.flag(5) {
                 HeadMap::Tiled
             } else {
                 HeadMap::Grouped
             },
-            scale: if self.flag(Self::SCALE) {
-                Some(0.3)
-            } else {
-                None
-            },
+            scale: if self.flag(6) { Some(0.3) } else { None },
             chunk_size: self.chunk_size,
             out_dtype: Some(DType::F32),
             ..Options::default()
@@ -265,7 +242,8 @@ impl Spec {
         let (mut burst, mut resets) = (0, 0usize);
         let g: Vec<f32> = (0..n_tok)
             .map(|_| {
-                if s.flag(Self::GATE_BURSTS) && burst == 0 && rng.uniform() < 0.02 {
+                // Bit 9: runs of gates near the hard-reset threshold.
+                if s.flag(9) && burst == 0 && rng.uniform() < 0.02 {
                     burst = rng.int(1, 40);
                 }
                 if burst > 0 {
@@ -274,14 +252,14 @@ impl Spec {
                 }
                 if opts.gate_in_kernel {
                     rng.range(-4.0, 4.0)
-                } else if s.flag(Self::HARD_RESETS) && rng.uniform() < 0.03 {
+                } else if s.flag(8) && rng.uniform() < 0.03 {
                     resets += 1;
                     if rng.uniform() < 0.5 {
                         f32::NEG_INFINITY
                     } else {
                         -1e4
                     }
-                } else if s.flag(Self::STRONG_DECAY) {
+                } else if s.flag(10) {
                     -8.0 * softplus32(rng.range(-6.0, 1.5))
                 } else {
                     -rng.range(0.0, 0.3)
@@ -292,7 +270,7 @@ impl Spec {
             .map(|_| {
                 if opts.beta_is_logits {
                     rng.range(-4.0, 4.0)
-                } else if s.flag(Self::WIDE_BETA) {
+                } else if s.flag(11) {
                     rng.range(0.0, 1.99)
                 } else {
                     rng.range(0.0, 1.0)
@@ -320,7 +298,7 @@ impl Spec {
         } else {
             vec![n_seqs, hv, k, v]
         };
-        let initial_state = match s.flag(Self::INITIAL_STATE) {
+        let initial_state = match s.flag(7) {
             true => Some(Tensor::from_f32(
                 rng.normal(n_seqs * hv * k * v, 0.3),
                 state_shape,
@@ -378,15 +356,15 @@ impl Spec {
             (true, beta.into()),
             (opts.gate_in_kernel, " gate".into()),
             (opts.state_v_first, " v_first".into()),
-            (s.flag(Self::INITIAL_STATE), " h0".into()),
+            (s.flag(7), " h0".into()),
             (resets > 0, format!(" resets={resets}")),
             (
                 opts.scale.is_some(),
                 format!(" scale={:.3}", opts.scale.unwrap_or_default()),
             ),
-            (s.flag(Self::GATE_BURSTS), " bursts".into()),
-            (s.flag(Self::STRONG_DECAY), " strong-decay".into()),
-            (s.flag(Self::WIDE_BETA), " wide-beta".into()),
+            (s.flag(9), " bursts".into()),
+            (s.flag(10), " strong-decay".into()),
+            (s.flag(11), " wide-beta".into()),
         ];
         for (on, w) in words {
             if on {
@@ -420,14 +398,15 @@ pub fn token_range(x: &Inputs<'_>, lo: usize, hi: usize) -> Result<Inputs<'stati
         Tensor::cast_from_f32(&out, shape, x.dtype())
     };
     Ok(Inputs {
-        q: cut(&x.q)?,
-        k: cut(&x.k)?,
-        v: cut(&x.v)?,
-        g: cut(&x.g)?,
-        beta: cut(&x.beta)?,
         initial_state: x.initial_state.clone().map(Tensor::into_owned),
-        cu_seqlens: None,
         a_log: x.a_log.clone().map(Tensor::into_owned),
         dt_bias: x.dt_bias.clone().map(Tensor::into_owned),
+        ..Inputs::new(
+            cut(&x.q)?,
+            cut(&x.k)?,
+            cut(&x.v)?,
+            cut(&x.g)?,
+            cut(&x.beta)?,
+        )
     })
 }

@@ -188,11 +188,14 @@ pub fn check_case(
         Device::Cpu => 1e-5,
         Device::Cuda(_) => tol,
     };
-    match device {
+    let staged = match device {
         Device::Cpu => stages::stage_checks(&cpu::Cpu, &p, case, &act, &oracle, stage_tol, report),
         Device::Cuda(d) => {
             stages::stage_checks(d.as_ref(), &p, case, &act, &oracle, stage_tol, report)
         }
+    };
+    if let Err(e) = staged {
+        report("stages", Err(e));
     }
 
     // The whole forward and the recurrent step against the oracle.

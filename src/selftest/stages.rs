@@ -5,7 +5,7 @@ use super::{Case, Measured};
 use crate::error::Result;
 use crate::problem::Problem;
 use crate::reference::{self as r, rel_l2, Activated64, Gamma64, Reference};
-use crate::{activate, upload_inputs, HostIo};
+use crate::{activate, upload_inputs, HostIo, Wy};
 
 /// The error of a decay relative to the exact one; decays below about 1e-12 (a hard reset's
 /// e^-40 among them) count as absolute, far below anything a state can resolve.
@@ -42,22 +42,9 @@ fn max_err(a: &[f32], b: &[f64]) -> f64 {
 }
 
 /// Runs every stage on `dev` and reports each against its definition (`tol` the bound), the
-/// states against the oracle's (`oracle.h`, `oracle.final_state` in K-major layout).
+/// states against the oracle's (`oracle.h`, `oracle.final_state`); a device error ends the
+/// checks.
 pub(super) fn stage_checks<D: HostIo>(
-    dev: &D,
-    p: &Problem,
-    case: &Case,
-    act: &Activated64,
-    oracle: &Reference,
-    tol: f64,
-    report: &mut dyn FnMut(&str, Measured),
-) {
-    if let Err(e) = run_stages(dev, p, case, act, oracle, tol, report) {
-        report("stages", Err(e));
-    }
-}
-
-fn run_stages<D: HostIo>(
     dev: &D,
     p: &Problem,
     case: &Case,
@@ -127,11 +114,17 @@ fn run_stages<D: HostIo>(
 
     // w, u = A_inv times the formula.
     let wy = dev.recompute_w_u(p, a.k(), &si.v, &a.beta, &gamma, &a_inv)?;
-    let (w, u) = (dev.download(&wy.w)?, dev.download(&wy.u)?);
-    let (ww, uu) = r::w_u(p, &k, &v, &beta, &gh, &inv);
+    let wy_host = Wy {
+        w: dev.download(&wy.w)?,
+        u: dev.download(&wy.u)?,
+    };
+    let want = r::w_u(p, &k, &v, &beta, &gh, &inv);
     report(
         "recompute_w_u",
-        Ok((rel_l2(&w, &ww).max(rel_l2(&u, &uu)), tol)),
+        Ok((
+            rel_l2(&wy_host.w, &want.w).max(rel_l2(&wy_host.u, &want.u)),
+            tol,
+        )),
     );
 
     // chunk_state: states against the f64 recurrence, v_new against u - w h.
@@ -145,7 +138,7 @@ fn run_stages<D: HostIo>(
         "chunk_state h, final_state vs oracle",
         Ok((rel_l2(&h, &oracle.h).max(rel_l2(&fin, &fin_k_major)), tol)),
     );
-    let vn = r::v_new(p, &w, &u, &h);
+    let vn = r::v_new(p, &wy_host, &h);
     report(
         "chunk_state v_new = u - w h",
         Ok((rel_l2(&v_new, &vn), tol)),

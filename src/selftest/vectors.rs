@@ -59,15 +59,11 @@ pub fn load_vector(path: &Path) -> Result<VectorCase> {
     let x = pf.inputs;
     let own = |t: crate::Tensor<'_>| t.into_owned();
     let inputs = Inputs {
-        q: own(x.q),
-        k: own(x.k),
-        v: own(x.v),
-        g: own(x.g),
-        beta: own(x.beta),
         initial_state: x.initial_state.map(own),
         cu_seqlens: x.cu_seqlens,
         a_log: x.a_log.map(own),
         dt_bias: x.dt_bias.map(own),
+        ..Inputs::new(own(x.q), own(x.k), own(x.v), own(x.g), own(x.beta))
     };
     Ok(VectorCase {
         name: path
