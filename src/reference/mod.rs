@@ -1,13 +1,13 @@
 //! The oracle: the gated delta rule defined in float64, slow and obviously right. Every test and
 //! `deltanet selftest` compare against these definitions and define nothing of their own.
 //!
-//! - [`reference`]: the per-token recurrence with every option, the answer the whole forward and
+//! - [`reference()`]: the per-token recurrence with every option, the answer the whole forward and
 //!   the recurrent step must give.
 //! - The stages of the chunked form, each a function of its own inputs (f32 as a device produced
 //!   them, or f64 from the stage before): [`l2norm`], [`gate`] and [`beta_activation`],
 //!   [`chunk_local_cumsum`] with its decay rule ([`Gamma64`]), [`a_strict`], [`a_inv`], [`w_u`],
 //!   [`chunk_state`] (h, [`v_new`], final state) and [`chunk_output`]. [`chunked`] composes them;
-//!   that it equals [`reference`] is what makes them the definitions of the stages.
+//!   that it equals [`reference()`] is what makes them the definitions of the stages.
 //!
 //! Layouts are the [`crate::Backend`] stages': per-token rows `[B, T, H or HV, ...]` flattened,
 //! block matrices `[B, T, HV, BT]`, states `[chunks or N, HV, K, V]` (K-major).

@@ -443,7 +443,7 @@ pub fn chunk_output<X: Real, Y: Real>(
 }
 
 /// The chunked forward composed of the stage definitions above, all in float64. It equals
-/// [`super::reference`] up to float64 rounding; `h` is [`ChunkStates::h`].
+/// [`super::reference()`] up to float64 rounding; `h` is [`ChunkStates::h`].
 pub fn chunked(x: &Inputs<'_>, opts: &Options) -> Result<Reference> {
     let p = Problem::from_inputs(x, opts)?;
     let a = activate(x, opts)?;
