@@ -56,7 +56,7 @@ pub fn spec_strategy(
         (
             1..=max_dim,
             1..=max_dim,
-            prop::sample::select(vec![16usize, 32, 64]),
+            prop::sample::select(deltanet::CHUNK_SIZES.to_vec()),
             any::<bool>(),
         ),
         (
