@@ -4,6 +4,11 @@
 //! decode against a longer prefill, run-to-run bitwise equality, and the conformance vector
 //! files. The `deltanet selftest` command and the test suite both use it; on a GPU machine it is
 //! how a device is checked without cargo.
+//!
+//! It also holds what every test shares: the one generator of test problems ([`gen`]: [`Rng`],
+//! [`Spec`]) and the one reader of conformance vector files ([`vectors`], through
+//! [`crate::io`] as `deltanet run` reads its input). The definitions it checks against are
+//! [`crate::reference`]'s.
 
 use std::path::Path;
 
