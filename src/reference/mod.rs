@@ -57,16 +57,8 @@ fn state_index(v_first: bool, dk: usize, dv: usize, r: usize, c: usize) -> usize
 
 /// K-major states (`[N, HV, K, V]`) in the caller's layout.
 fn states_to_caller(s: &[f64], dk: usize, dv: usize, v_first: bool) -> Vec<f64> {
-    let kv = dk * dv;
-    let mut out = vec![0f64; s.len()];
-    for (dst, src) in out.chunks_exact_mut(kv).zip(s.chunks_exact(kv)) {
-        for r in 0..dk {
-            for c in 0..dv {
-                dst[state_index(v_first, dk, dv, r, c)] = src[r * dv + c];
-            }
-        }
-    }
-    out
+    // With v_first both directions transpose each block: states_k_major with K and V swapped.
+    states_k_major(s, dv, dk, v_first)
 }
 
 /// States `[N, HV, K, V]` in the caller's layout (`[N, HV, V, K]` with `v_first`) in K-major
