@@ -1,9 +1,18 @@
 //! The CUDA backend. The NVRTC test compiles every kernel source without a GPU (it fails in CI,
 //! where NVRTC is installed, if the library cannot be loaded); the GPU tests compare every stage
 //! with the CPU backend and the forward and recurrent step with the float64 oracle, and skip,
-//! saying so, where no GPU can be used.
+//! saying so in their names and in `cargo test`'s output, where no GPU can be used.
 
 use deltanet::cuda::registry;
+
+/// Says a test is skipped, why and which, past the test harness's output capture (one write to
+/// the process's stderr), so that a skip shows in plain `cargo test` output.
+fn say_skipped(why: &str) {
+    use std::io::Write;
+    let test = std::thread::current().name().unwrap_or("").to_string();
+    let line = format!("skipped: {why} [{test}]\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
+}
 
 #[test]
 fn kernels_compile_with_nvrtc() {
@@ -12,7 +21,7 @@ fn kernels_compile_with_nvrtc() {
             std::env::var_os("CI").is_none(),
             "CI is set but libnvrtc cannot be loaded: install nvidia-cuda-nvrtc"
         );
-        eprintln!("skipped: libnvrtc cannot be loaded on this machine");
+        say_skipped("libnvrtc cannot be loaded on this machine");
         return;
     }
     for arch in ["sm_90", "sm_80"] {
@@ -30,165 +39,45 @@ use std::sync::{Arc, OnceLock};
 use common::{make, unit_rows, Rng};
 use deltanet::cpu::Cpu;
 use deltanet::cuda::CudaDevice;
-use deltanet::reference::{reference, rel_l2};
+use deltanet::reference::{reference, rel_l2, widen};
+use deltanet::selftest::{token_range, Case, Spec};
 use deltanet::{
-    activate, forward, recurrent_step, upload_inputs, Backend, DType, Device, HeadMap, HostIo,
-    Inputs, Options, Problem, Tensor, CHUNK_SIZES,
+    activate, forward, recurrent_step, upload_inputs, Backend, DType, Device, HostIo, Inputs,
+    Options, Problem, Tensor, CHUNK_SIZES,
 };
 
-/// The GPU shared by the tests, or `None` (after saying why) where none can be used.
-fn gpu() -> Option<Arc<CudaDevice>> {
-    static DEV: OnceLock<Option<Arc<CudaDevice>>> = OnceLock::new();
+/// The GPU shared by the tests, or why none can be used.
+fn gpu() -> Result<Arc<CudaDevice>, String> {
+    static DEV: OnceLock<Result<Arc<CudaDevice>, String>> = OnceLock::new();
     DEV.get_or_init(|| match CudaDevice::new(0) {
         Ok(d) => {
             eprintln!("GPU tests run on {}", d.name());
-            Some(Arc::new(d))
+            Ok(Arc::new(d))
         }
-        Err(e) => {
-            eprintln!("skipped: no usable GPU ({e})");
-            None
-        }
+        Err(e) => Err(e.to_string()),
     })
     .clone()
 }
 
+/// The GPU, or returns from the test after saying `skipped: no GPU (why)`.
 macro_rules! gpu_or_skip {
     () => {
         match gpu() {
-            Some(d) => d,
-            None => {
-                eprintln!("skipped: no usable GPU");
+            Ok(d) => d,
+            Err(e) => {
+                say_skipped(&format!("no GPU ({e})"));
                 return;
             }
         }
     };
 }
 
-/// A random problem with random options.
-struct Case {
-    x: Inputs<'static>,
-    opts: Options,
-    label: String,
-}
-
-fn pick<T: Copy>(r: &mut Rng, xs: &[T]) -> T {
-    xs[r.int(0, xs.len() - 1)]
-}
-
+/// A random problem with random options: the library's generator, as `deltanet selftest` draws
+/// them.
 fn random_case(seed: u64) -> Case {
-    let mut r = Rng::new(seed);
-    let h = r.int(1, 3);
-    let hv = h * r.int(1, 3);
-    let dk = pick(&mut r, &[1, 3, 7, 16, 31, 64, 65, 128]);
-    let dv = pick(&mut r, &[1, 5, 8, 33, 64, 127, 128]);
-    let chunk_size = pick(&mut r, &CHUNK_SIZES);
-    let (b, t, cu) = if r.int(0, 2) == 0 {
-        let n = r.int(1, 6);
-        let mut cu = vec![0i64];
-        for _ in 0..n {
-            let len = match r.int(0, 3) {
-                0 => 0,
-                1 => 1,
-                _ => r.int(2, 150),
-            };
-            cu.push(cu.last().unwrap() + len as i64);
-        }
-        if *cu.last().unwrap() == 0 {
-            cu.push(3);
-        }
-        (1, *cu.last().unwrap() as usize, Some(cu))
-    } else {
-        (r.int(1, 2), r.int(1, 200), None)
-    };
-    let dtype = pick(&mut r, &[DType::F32, DType::BF16, DType::F16]);
-    let beta_is_logits = r.int(0, 1) == 1;
-    let opts = Options {
-        scale: if r.int(0, 1) == 0 { None } else { Some(0.3) },
-        use_qk_l2norm: r.int(0, 1) == 1,
-        beta_is_logits,
-        // Doubling sigmoid(beta) only exists with logits; anything else is refused.
-        allow_neg_eigval: beta_is_logits && r.int(0, 1) == 1,
-        gate_in_kernel: r.int(0, 2) == 0,
-        state_v_first: r.int(0, 1) == 1,
-        chunk_size,
-        head_map: pick(&mut r, &[HeadMap::Grouped, HeadMap::Tiled]),
-        output_final_state: true,
-        output_chunk_states: false,
-        out_dtype: Some(DType::F32),
-    };
-    let n_seqs = cu.as_ref().map_or(b, |c| c.len() - 1);
-    let qk = |r: &mut Rng| {
-        let x = r.normal(b * t * h * dk, 1.0);
-        if opts.use_qk_l2norm {
-            x
-        } else {
-            unit_rows(x, dk)
-        }
-    };
-    let q = qk(&mut r);
-    let k = qk(&mut r);
-    let v = r.normal(b * t * hv * dv, 1.0);
-    let g: Vec<f32> = (0..b * t * hv)
-        .map(|_| {
-            if opts.gate_in_kernel {
-                return r.range(-3.0, 3.0);
-            }
-            match r.int(0, 99) {
-                0..=2 => f32::NEG_INFINITY,
-                3..=5 => -1e4,
-                6..=10 => 0.0,
-                _ => r.range(-1.0, 0.0),
-            }
-        })
-        .collect();
-    let beta: Vec<f32> = (0..b * t * hv)
-        .map(|_| {
-            if opts.beta_is_logits {
-                r.range(-4.0, 4.0)
-            } else {
-                r.range(0.0, 1.99)
-            }
-        })
-        .collect();
-    let initial_state = (r.int(0, 1) == 1).then(|| {
-        Tensor::from_f32(r.normal(n_seqs * hv * dk * dv, 0.5), {
-            if opts.state_v_first {
-                vec![n_seqs, hv, dv, dk]
-            } else {
-                vec![n_seqs, hv, dk, dv]
-            }
-        })
-        .unwrap()
-    });
-    let (a_log, dt_bias) = if opts.gate_in_kernel {
-        (
-            Some(Tensor::from_f32(r.normal(hv, 0.5), vec![hv]).unwrap()),
-            Some(Tensor::from_f32(r.normal(hv, 0.5), vec![hv]).unwrap()),
-        )
-    } else {
-        (None, None)
-    };
-    let label = format!(
-        "seed {seed}: B={b} T={t} H={h} HV={hv} K={dk} V={dv} BT={chunk_size} {dtype:?} cu={cu:?} \
-         h0={} {opts:?}",
-        initial_state.is_some()
-    );
-    let x = Inputs {
-        q: make(q, vec![b, t, h, dk], dtype),
-        k: make(k, vec![b, t, h, dk], dtype),
-        v: make(v, vec![b, t, hv, dv], dtype),
-        g: Tensor::from_f32(g, vec![b, t, hv]).unwrap(),
-        beta: Tensor::from_f32(beta, vec![b, t, hv]).unwrap(),
-        initial_state,
-        cu_seqlens: cu,
-        a_log,
-        dt_bias,
-    };
-    Case { x, opts, label }
-}
-
-fn f64s(x: &[f32]) -> Vec<f64> {
-    x.iter().map(|&v| v as f64).collect()
+    let mut c = Spec::random(&mut Rng::new(seed)).build().unwrap();
+    c.name = format!("seed {seed}: {}", c.name);
+    c
 }
 
 /// GPU result against the CPU's, by relative L2 error; non-finite values (a gate of -inf) must
@@ -202,7 +91,7 @@ fn close(label: &str, what: &str, gpu: &[f32], cpu: &[f32], tol: f64) {
             (*x, *y) = (0.0, 0.0);
         }
     }
-    let e = rel_l2(&g, &f64s(&c));
+    let e = rel_l2(&g, &widen(&c));
     assert!(e <= tol, "{label}: {what}: rel L2 {e:e} > {tol:e}");
 }
 
@@ -235,7 +124,7 @@ const STAGE_TOL: f64 = 1e-5;
 
 /// Every stage on the GPU against the same stage on the CPU, each fed the CPU's inputs.
 fn check_stages(dev: &CudaDevice, c: &Case) {
-    let (x, opts, label) = (&c.x, &c.opts, c.label.as_str());
+    let (x, opts, label) = (&c.inputs, &c.opts, c.name.as_str());
     let p = Problem::from_inputs(x, opts).unwrap();
     let cpu = Cpu;
     let up = |v: &Vec<f32>| dev.upload(v).unwrap();
@@ -346,7 +235,7 @@ fn cases() -> usize {
 }
 
 #[test]
-fn gpu_stages_match_cpu() {
+fn gpu_stages_match_cpu_skips_without_gpu() {
     let dev = gpu_or_skip!();
     for seed in 0..cases() as u64 {
         check_stages(&dev, &random_case(seed));
@@ -362,41 +251,43 @@ fn tol(dtype: DType) -> f64 {
 }
 
 #[test]
-fn gpu_forward_matches_oracle() {
+fn gpu_forward_matches_oracle_skips_without_gpu() {
     let dev = gpu_or_skip!();
     let device = Device::Cuda(dev);
     // Largest errors seen, (vs oracle, vs CPU), for f32 and for bf16/f16 inputs.
     let mut worst = [(0f64, 0f64); 2];
     for seed in 1000..1000 + cases() as u64 {
         let c = random_case(seed);
-        let r = reference(&c.x, &c.opts).unwrap();
-        let out = forward(&device, &c.x, &c.opts).unwrap();
-        let t = tol(c.x.q.dtype());
+        let r = reference(&c.inputs, &c.opts).unwrap();
+        let out = forward(&device, &c.inputs, &c.opts).unwrap();
+        let t = tol(c.inputs.q.dtype());
         let eo = rel_l2(&out.o.to_f32(), &r.o);
         let es = rel_l2(&out.final_state.as_ref().unwrap().to_f32(), &r.final_state);
-        assert!(eo <= t && es <= t, "{}: o {eo:e} state {es:e}", c.label);
-        worst[usize::from(c.x.q.dtype() != DType::F32)].0 = worst
-            [usize::from(c.x.q.dtype() != DType::F32)]
+        assert!(eo <= t && es <= t, "{}: o {eo:e} state {es:e}", c.name);
+        worst[usize::from(c.inputs.q.dtype() != DType::F32)].0 = worst
+            [usize::from(c.inputs.q.dtype() != DType::F32)]
         .0
         .max(eo.max(es));
-        let cpu = forward(&Device::Cpu, &c.x, &c.opts).unwrap();
-        let ec = rel_l2(&out.o.to_f32(), &f64s(&cpu.o.to_f32()));
-        assert!(ec <= t, "{}: GPU vs CPU o {ec:e}", c.label);
-        worst[usize::from(c.x.q.dtype() != DType::F32)].1 =
-            worst[usize::from(c.x.q.dtype() != DType::F32)].1.max(ec);
+        let cpu = forward(&Device::Cpu, &c.inputs, &c.opts).unwrap();
+        let ec = rel_l2(&out.o.to_f32(), &widen(&cpu.o.to_f32()));
+        assert!(ec <= t, "{}: GPU vs CPU o {ec:e}", c.name);
+        worst[usize::from(c.inputs.q.dtype() != DType::F32)].1 = worst
+            [usize::from(c.inputs.q.dtype() != DType::F32)]
+        .1
+        .max(ec);
         // Twice: bitwise the same.
-        let again = forward(&device, &c.x, &c.opts).unwrap();
+        let again = forward(&device, &c.inputs, &c.opts).unwrap();
         assert_eq!(
             out.o.as_bytes(),
             again.o.as_bytes(),
             "{}: two runs differ (o)",
-            c.label
+            c.name
         );
         assert_eq!(
             out.final_state.as_ref().map(|s| s.as_bytes()),
             again.final_state.as_ref().map(|s| s.as_bytes()),
             "{}: two runs differ (final_state)",
-            c.label
+            c.name
         );
     }
     eprintln!(
@@ -406,51 +297,48 @@ fn gpu_forward_matches_oracle() {
 }
 
 #[test]
-fn gpu_recurrent_matches_oracle() {
+fn gpu_recurrent_matches_oracle_skips_without_gpu() {
     let dev = gpu_or_skip!();
     let device = Device::Cuda(dev);
     for seed in 2000..2000 + cases() as u64 {
         let mut c = random_case(seed);
-        let Some(h0) = c.x.initial_state.take() else {
+        let Some(h0) = c.inputs.initial_state.take() else {
             continue;
         };
         let r = {
-            let mut x = c.x.clone();
+            let mut x = c.inputs.clone();
             x.initial_state = Some(h0.clone());
             reference(&x, &c.opts).unwrap()
         };
         let mut state = h0.to_f32().into_owned();
-        let o = recurrent_step(&device, &c.x, &mut state, &c.opts).unwrap();
-        let t = tol(c.x.q.dtype());
+        let o = recurrent_step(&device, &c.inputs, &mut state, &c.opts).unwrap();
+        let t = tol(c.inputs.q.dtype());
         let eo = rel_l2(&o.to_f32(), &r.o);
         let es = rel_l2(&state, &r.final_state);
-        assert!(eo <= t && es <= t, "{}: o {eo:e} state {es:e}", c.label);
+        assert!(eo <= t && es <= t, "{}: o {eo:e} state {es:e}", c.name);
     }
 }
 
 #[test]
-fn gpu_forward_matches_vectors() {
+fn gpu_forward_matches_vectors_skips_without_gpu() {
     let dev = gpu_or_skip!();
     let device = Device::Cuda(dev);
     // The vectors may be copied elsewhere (the GPU machine has no ../shared).
     let dir = std::env::var_os("DELTANET_VECTORS")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(common::vectors_dir);
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        // Asked for by path, they must be there.
-        assert!(
-            std::env::var_os("DELTANET_VECTORS").is_none(),
-            "no conformance vectors at {dir:?}"
-        );
-        eprintln!("skipped: no conformance vectors at {dir:?}");
-        return;
+    let paths = match deltanet::selftest::vector_files(&dir) {
+        Ok(p) => p,
+        Err(e) => {
+            // Asked for by path, they must be there.
+            assert!(
+                std::env::var_os("DELTANET_VECTORS").is_none(),
+                "no conformance vectors at {dir:?}: {e}"
+            );
+            say_skipped(&format!("no conformance vectors at {dir:?} ({e})"));
+            return;
+        }
     };
-    let mut paths: Vec<_> = entries
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    paths.sort();
-    assert!(!paths.is_empty(), "no vectors in {dir:?}");
     for case in paths.iter().map(|p| common::load_case(p)) {
         for chunk_size in CHUNK_SIZES {
             let opts = Options {
@@ -473,7 +361,7 @@ fn gpu_forward_matches_vectors() {
 
 /// More sequences and chunks than a grid's y or z dimension could count (65535).
 #[test]
-fn gpu_many_sequences() {
+fn gpu_many_sequences_skips_without_gpu() {
     let dev = gpu_or_skip!();
     let device = Device::Cuda(dev);
     let mut r = Rng::new(99);
@@ -545,30 +433,16 @@ fn token_slice(
     t1: usize,
     h0: Option<Tensor<'static>>,
 ) -> Inputs<'static> {
-    let cut = |t: &Tensor<'_>| {
-        let s = t.shape();
-        let per: usize = s[2..].iter().product();
-        let mut shape = s.to_vec();
-        shape[1] = t1 - t0;
-        make(t.to_f32()[t0 * per..t1 * per].to_vec(), shape, t.dtype())
-    };
     Inputs {
-        q: cut(&x.q),
-        k: cut(&x.k),
-        v: cut(&x.v),
-        g: cut(&x.g),
-        beta: cut(&x.beta),
         initial_state: h0,
-        cu_seqlens: None,
-        a_log: None,
-        dt_bias: None,
+        ..token_range(x, t0, t1).unwrap()
     }
 }
 
 /// The bar's large forward (B=1, T=65536, H=16, HV=32, K=V=128, bf16): its head and its tail
 /// checked against the CPU backend, the tail started from the GPU's own chunk state there.
 #[test]
-fn gpu_prefill_65536_bf16() {
+fn gpu_prefill_65536_bf16_skips_without_gpu() {
     let dev = gpu_or_skip!();
     let device = Device::Cuda(dev);
     let (t, h, hv, dk, dv) = (65536, 16, 32, 128, 128);
@@ -592,11 +466,11 @@ fn gpu_prefill_65536_bf16() {
     // Head: tokens 0..span from a zero state; the GPU's state entering chunk span/64 is the
     // CPU's final state.
     let cpu = forward(&Device::Cpu, &token_slice(&x, 0, span, None), &opts).unwrap();
-    let eo = rel_l2(&o[..span * row], &f64s(&cpu.o.to_f32()));
+    let eo = rel_l2(&o[..span * row], &widen(&cpu.o.to_f32()));
     let ci = span / 64;
     let es = rel_l2(
         &hs[ci * kv..(ci + 1) * kv],
-        &f64s(&cpu.final_state.unwrap().to_f32()),
+        &widen(&cpu.final_state.unwrap().to_f32()),
     );
     eprintln!("T=65536 head: o {eo:.2e} state {es:.2e}");
     assert!(eo <= 1e-4 && es <= 1e-4);
@@ -604,15 +478,15 @@ fn gpu_prefill_65536_bf16() {
     let ci = (t - span) / 64;
     let h0 = Tensor::from_f32(hs[ci * kv..(ci + 1) * kv].to_vec(), vec![1, hv, dk, dv]).unwrap();
     let cpu = forward(&Device::Cpu, &token_slice(&x, t - span, t, Some(h0)), &opts).unwrap();
-    let eo = rel_l2(&o[(t - span) * row..], &f64s(&cpu.o.to_f32()));
-    let es = rel_l2(&fin, &f64s(&cpu.final_state.unwrap().to_f32()));
+    let eo = rel_l2(&o[(t - span) * row..], &widen(&cpu.o.to_f32()));
+    let es = rel_l2(&fin, &widen(&cpu.final_state.unwrap().to_f32()));
     eprintln!("T=65536 tail: o {eo:.2e} final state {es:.2e}");
     assert!(eo <= 1e-4 && es <= 1e-4);
 }
 
 /// The bar's decode step (N=256, HV=32, H=16, K=V=128, bf16), against the CPU backend.
 #[test]
-fn gpu_decode_256() {
+fn gpu_decode_256_skips_without_gpu() {
     let dev = gpu_or_skip!();
     let device = Device::Cuda(dev);
     let (n, h, hv, dk, dv) = (256, 16, 32, 128, 128);
@@ -630,8 +504,8 @@ fn gpu_decode_256() {
         let (mut sg, mut sc) = (s0.clone(), s0.clone());
         let og = recurrent_step(&device, &x, &mut sg, &opts).unwrap();
         let oc = recurrent_step(&Device::Cpu, &x, &mut sc, &opts).unwrap();
-        let eo = rel_l2(&og.to_f32(), &f64s(&oc.to_f32()));
-        let es = rel_l2(&sg, &f64s(&sc));
+        let eo = rel_l2(&og.to_f32(), &widen(&oc.to_f32()));
+        let es = rel_l2(&sg, &widen(&sc));
         eprintln!("decode N=256 v_first={v_first}: o {eo:.2e} state {es:.2e}");
         assert!(eo <= 1e-5 && es <= 1e-5);
     }
@@ -640,13 +514,15 @@ fn gpu_decode_256() {
 /// q, k and w hold more than 2^31 elements: the last sequence (the only one with data) is
 /// checked against the CPU backend on that sequence alone.
 #[test]
-fn gpu_large_index() {
+fn gpu_large_index_skips_without_gpu() {
     let dev = gpu_or_skip!();
     let need = 48usize << 30;
     match dev.memory() {
         Ok((free, _)) if free >= need => {}
         other => {
-            eprintln!("skipped: needs {need} bytes of free GPU memory, have {other:?}");
+            say_skipped(&format!(
+                "needs {need} bytes of free GPU memory, have {other:?}"
+            ));
             return;
         }
     }
@@ -682,10 +558,10 @@ fn gpu_large_index() {
     let o = out.o.to_f32();
     let row = hv * dv;
     assert!(o[..(t - tail) * row].iter().all(|&v| v == 0.0));
-    let eo = rel_l2(&o[(t - tail) * row..], &f64s(&cpu.o.to_f32()));
+    let eo = rel_l2(&o[(t - tail) * row..], &widen(&cpu.o.to_f32()));
     let fin = out.final_state.unwrap().to_f32().into_owned();
     let kv = hv * dk * dv;
-    let es = rel_l2(&fin[kv..], &f64s(&cpu.final_state.unwrap().to_f32()));
+    let es = rel_l2(&fin[kv..], &widen(&cpu.final_state.unwrap().to_f32()));
     eprintln!(
         "large index (q has {} elements): o {eo:.2e} state {es:.2e}",
         t * h * dk
@@ -738,6 +614,14 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// The median device time of `f` over 30 runs after 3 warm-ups.
+fn median_of_30(d: &CudaDevice, f: &mut dyn FnMut() -> deltanet::Result<()>) -> f64 {
+    for _ in 0..3 {
+        d.time_ms(f).unwrap();
+    }
+    median((0..30).map(|_| d.time_ms(f).unwrap()).collect())
+}
+
 /// Median device times (CUDA events, 30 runs after 3 warm-ups) of the forward on the anchors'
 /// shapes and of the decode step; inputs already on the device, as the anchors time them.
 #[test]
@@ -751,16 +635,7 @@ fn bench_forward_and_decode() {
         let opts = Options::default();
         let p = Problem::from_inputs(&x, &opts).unwrap();
         let si = upload_inputs(d, &p, &x, &opts).unwrap();
-        let mut times = Vec::new();
-        for i in 0..33 {
-            let ms = d
-                .time_ms(&mut || d.forward(&p, &opts, &si).map(|_| ()))
-                .unwrap();
-            if i >= 3 {
-                times.push(ms);
-            }
-        }
-        let ms = median(times);
+        let ms = median_of_30(d, &mut || d.forward(&p, &opts, &si).map(|_| ()));
         println!(
             "forward B=1 T={t} H={h} HV={hv} K={dk} V={dv} bf16: median {ms:.3} ms ({:.2} Mtok/s)",
             t as f64 / ms / 1e3
@@ -776,30 +651,21 @@ fn bench_forward_and_decode() {
         .upload(&Rng::new(3).normal(n * hv * dk * dv, 0.5))
         .unwrap();
     let scale = opts.scale_for(dk);
-    let mut times = Vec::new();
-    for i in 0..33 {
-        let ms = d
-            .time_ms(&mut || {
-                let a = activate(d, &p, &opts, &si)?;
-                d.recurrent(
-                    &p,
-                    a.q(),
-                    a.k(),
-                    &si.v,
-                    &a.g,
-                    &a.beta,
-                    &mut state,
-                    false,
-                    scale,
-                )
-                .map(|_| ())
-            })
-            .unwrap();
-        if i >= 3 {
-            times.push(ms);
-        }
-    }
-    let ms = median(times);
+    let ms = median_of_30(d, &mut || {
+        let a = activate(d, &p, &opts, &si)?;
+        d.recurrent(
+            &p,
+            a.q(),
+            a.k(),
+            &si.v,
+            &a.g,
+            &a.beta,
+            &mut state,
+            false,
+            scale,
+        )?;
+        Ok(())
+    });
     println!(
         "decode N={n} H={h} HV={hv} K={dk} V={dv}: median {ms:.3} ms ({:.2} TB/s of state read+written)",
         2.0 * (n * hv * dk * dv * 4) as f64 / ms / 1e9
@@ -812,8 +678,8 @@ fn bench_forward_and_decode() {
 fn random_cases_are_valid_problems() {
     for seed in 0..cases() as u64 {
         let c = random_case(seed);
-        if let Err(e) = Problem::from_inputs(&c.x, &c.opts) {
-            panic!("{}: {e}", c.label);
+        if let Err(e) = Problem::from_inputs(&c.inputs, &c.opts) {
+            panic!("{}: {e}", c.name);
         }
     }
 }
@@ -821,7 +687,7 @@ fn random_cases_are_valid_problems() {
 /// bf16 and f16 inputs travel as 16 bits and are widened on the GPU: bit for bit what the host's
 /// conversion gives, for every one of the 65536 patterns (zeros, subnormals, infinities, NaNs).
 #[test]
-fn gpu_widens_16_bit_inputs_exactly() {
+fn gpu_widens_16_bit_inputs_exactly_skips_without_gpu() {
     let dev = gpu_or_skip!();
     let bits: Vec<u16> = (0..=u16::MAX).collect();
     for dtype in [DType::BF16, DType::F16] {

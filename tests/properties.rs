@@ -4,8 +4,9 @@
 mod common;
 
 use common::{as_f32, make_case, spec_strategy};
-use deltanet::reference::{reference, rel_l2};
-use deltanet::{forward, recurrent_step, Device, Inputs, Problem, Tensor};
+use deltanet::reference::{reference, rel_l2, widen};
+use deltanet::selftest::token_range;
+use deltanet::{forward, recurrent_step, Device, Inputs, Problem};
 use proptest::prelude::*;
 // A fixed seed: CI runs the same cases every time, and a failure reproduces with `cargo test`.
 use proptest::test_runner::RngSeed;
@@ -50,42 +51,24 @@ proptest! {
         let (x, opts) = make_case(&spec);
         let (b, t) = (spec.b, spec.t);
         prop_assume!(t > r);
-        let prefix = |t0: usize, t1: usize, x: &Tensor<'_>| {
-            let shape = x.shape();
-            let row: usize = shape[2..].iter().product();
-            let vals = as_f32(x);
-            let mut out = Vec::new();
-            for bi in 0..b {
-                out.extend_from_slice(&vals[(bi * t + t0) * row..(bi * t + t1) * row]);
-            }
-            let mut s = shape.to_vec();
-            s[1] = t1 - t0;
-            Tensor::cast_from_f32(&out, s, x.dtype()).unwrap()
-        };
         let slice = |t0: usize, t1: usize| Inputs {
-            q: prefix(t0, t1, &x.q),
-            k: prefix(t0, t1, &x.k),
-            v: prefix(t0, t1, &x.v),
-            g: prefix(t0, t1, &x.g),
-            beta: prefix(t0, t1, &x.beta),
             initial_state: None,
-            ..x.clone()
+            ..token_range(&x, t0, t1).unwrap()
         };
         let full = forward(&Device::Cpu, &x, &opts).unwrap();
-        let mut head = slice(0, t - r);
-        head.initial_state = x.initial_state.clone();
+        let head = token_range(&x, 0, t - r).unwrap();
         let mut state = as_f32(forward(&Device::Cpu, &head, &opts).unwrap().final_state.as_ref().unwrap());
         let full_o = as_f32(&full.o);
         let row = spec.h * spec.ratio * spec.v;
         for i in t - r..t {
             let o = as_f32(&recurrent_step(&Device::Cpu, &slice(i, i + 1), &mut state, &opts).unwrap());
             for bi in 0..b {
-                let want: Vec<f64> = full_o[(bi * t + i) * row..][..row].iter().map(|&v| v as f64).collect();
+                let want = widen(&full_o[(bi * t + i) * row..][..row]);
                 let e = rel_l2(&o[bi * row..][..row], &want);
                 prop_assert!(e <= 1e-5, "token {} batch {}: rel err {:e}", i, bi, e);
             }
         }
-        let want: Vec<f64> = as_f32(full.final_state.as_ref().unwrap()).iter().map(|&v| v as f64).collect();
+        let want = widen(&as_f32(full.final_state.as_ref().unwrap()));
         let e = rel_l2(&state, &want);
         prop_assert!(e <= 1e-5, "final state rel err {:e}", e);
     }

@@ -1,12 +1,13 @@
-//! Each CPU stage on its own, against its definition evaluated in float64 on the stage's own
-//! inputs.
+//! Each CPU stage on its own, against its float64 definition ([`deltanet::reference`])
+//! evaluated on the stage's own inputs; and the definitions composed against the per-token
+//! recurrence.
 
 mod common;
 
 use common::{as_f32, make_case, spec_strategy, Spec};
 use deltanet::cpu;
-use deltanet::reference::rel_l2;
-use deltanet::{Gamma, Options, Problem, RESET_LOG_DECAY};
+use deltanet::reference::{self as def, rel_l2, Gamma64};
+use deltanet::{Gamma, Options, Problem};
 use proptest::prelude::*;
 // A fixed seed: CI runs the same cases every time, and a failure reproduces with `cargo test`.
 use proptest::test_runner::RngSeed;
@@ -56,33 +57,9 @@ fn staged(spec: &Spec) -> Staged {
     }
 }
 
-fn f64s(x: &[f32]) -> Vec<f64> {
-    x.iter().map(|&v| v as f64).collect()
-}
-
-/// Decay between tokens of one chunk in f64, from the stage's (gamma, seg).
-fn decay(gm: &Gamma<Vec<f32>>, i: usize, j: usize) -> f64 {
-    if gm.seg[i] == gm.seg[j] {
-        (gm.gamma[i] as f64 + gm.lo[i] as f64 - gm.gamma[j] as f64 - gm.lo[j] as f64).exp()
-    } else {
-        0.0
-    }
-}
-
-fn decay0(gm: &Gamma<Vec<f32>>, i: usize) -> f64 {
-    if gm.seg[i] == 0.0 {
-        (gm.gamma[i] as f64 + gm.lo[i] as f64).exp()
-    } else {
-        0.0
-    }
-}
-
-fn kdot(s: &Staged, a: usize, b: usize, j: usize, x: &[f32], y: &[f32]) -> f64 {
-    let (h, dk) = (s.p.heads(), s.p.dk());
-    let kh = s.p.qk_head(j);
-    (0..dk)
-        .map(|r| x[(a * h + kh) * dk + r] as f64 * y[(b * h + kh) * dk + r] as f64)
-        .sum()
+/// The stage's decays, read as [`deltanet::Gamma`]'s contract says.
+fn decays(gm: &Gamma<Vec<f32>>) -> Gamma64 {
+    Gamma64::from_stage(&gm.gamma, &gm.lo, &gm.seg)
 }
 
 proptest! {
@@ -93,30 +70,17 @@ proptest! {
         let (x, opts) = make_case(&spec);
         let s = staged(&spec);
         let dk = s.p.dk();
-        let raw = as_f32(&x.k);
-        let want: Vec<f64> = raw.chunks_exact(dk).flat_map(|row| {
-            let n = (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() + 1e-6).sqrt();
-            row.iter().map(move |&v| v as f64 / n).collect::<Vec<_>>()
-        }).collect();
+        let want = def::l2norm(&as_f32(&x.k), dk);
         if opts.use_qk_l2norm {
             prop_assert!(rel_l2(&s.k, &want) <= 1e-6);
         }
         let hv = s.p.v_heads();
-        let (g_in, b_in) = (as_f32(&x.g), as_f32(&x.beta));
+        let (a_log, dt_bias) = (x.a_log.as_ref().map(as_f32), x.dt_bias.as_ref().map(as_f32));
+        let params = a_log.as_deref().zip(dt_bias.as_deref());
+        let g_want = def::gate(&as_f32(&x.g), hv, params);
+        let b_want = def::beta_activation(&as_f32(&x.beta), &opts);
         for (i, (&g, &b)) in s.g.iter().zip(&s.beta).enumerate() {
-            let gw = if opts.gate_in_kernel {
-                let a = as_f32(x.a_log.as_ref().unwrap())[i % hv] as f64;
-                let d = as_f32(x.dt_bias.as_ref().unwrap())[i % hv] as f64;
-                let z = g_in[i] as f64 + d;
-                -a.exp() * if z > 20.0 { z } else { z.exp().ln_1p() }
-            } else {
-                g_in[i] as f64
-            };
-            let bw = if opts.beta_is_logits {
-                (if opts.allow_neg_eigval { 2.0 } else { 1.0 }) / (1.0 + (-(b_in[i] as f64)).exp())
-            } else {
-                b_in[i] as f64
-            };
+            let (gw, bw) = (g_want[i], b_want[i]);
             prop_assert!((g as f64 - gw).abs() <= 1e-5 * (1.0 + gw.abs()) || (g == gw as f32), "g[{}] = {} want {}", i, g, gw);
             prop_assert!((b as f64 - bw).abs() <= 1e-6 * (1.0 + bw.abs()), "beta[{}] = {} want {}", i, b, bw);
         }
@@ -127,21 +91,14 @@ proptest! {
         spec.flags |= 1 << 9;
         let s = staged(&spec);
         let gm = cpu::chunk_local_cumsum(&s.p, &s.g).unwrap();
-        let hv = s.p.v_heads();
-        for c in s.p.chunks() {
-            for j in 0..hv {
-                let (mut acc, mut resets) = (0f64, 0f32);
-                for i in c.start..c.start + c.len {
-                    let g = s.g[i * hv + j];
-                    if g < RESET_LOG_DECAY { acc = 0.0; resets += 1.0; } else { acc += g as f64; }
-                    // gamma alone is FLA's f32 running sum; with its error term it is the exact
-                    // sum, to an absolute (not relative) tolerance.
-                    let (hi, lo) = (gm.gamma[i * hv + j] as f64, gm.lo[i * hv + j] as f64);
-                    prop_assert!((hi - acc).abs() <= 1e-6 * (1.0 + acc.abs()), "gamma {} vs {}", hi, acc);
-                    prop_assert!((hi + lo - acc).abs() <= 1e-6, "gamma + lo {} vs {}", hi + lo, acc);
-                    prop_assert_eq!(gm.seg[i * hv + j], resets);
-                }
-            }
+        let want = def::chunk_local_cumsum(&s.p, &s.g);
+        for (i, &acc) in want.gamma.iter().enumerate() {
+            // gamma alone is FLA's f32 running sum; with its error term it is the exact sum, to
+            // an absolute (not relative) tolerance.
+            let (hi, lo) = (gm.gamma[i] as f64, gm.lo[i] as f64);
+            prop_assert!((hi - acc).abs() <= 1e-6 * (1.0 + acc.abs()), "gamma {} vs {}", hi, acc);
+            prop_assert!((hi + lo - acc).abs() <= 1e-6, "gamma + lo {} vs {}", hi + lo, acc);
+            prop_assert_eq!(gm.seg[i], want.seg[i]);
         }
     }
 
@@ -149,62 +106,29 @@ proptest! {
     fn kkt_solve_tril_and_wy_follow_their_definitions(spec in spec_strategy(200, 48)) {
         let s = staged(&spec);
         let p = &s.p;
-        let (hv, bt, dk, dv) = (p.v_heads(), p.chunk_size(), p.dk(), p.dv());
         let gm = cpu::chunk_local_cumsum(p, &s.g).unwrap();
         let a = cpu::chunk_scaled_dot_kkt(p, &s.k, &s.beta, &gm).unwrap();
         let a_inv = cpu::solve_tril(p, &a).unwrap();
         let wy = cpu::recompute_w_u(p, &s.k, &s.v, &s.beta, &gm, &a_inv).unwrap();
 
-        let mut a_want = vec![0f64; a.len()];
-        let (mut w_want, mut u_want) = (vec![0f64; wy.w.len()], vec![0f64; wy.u.len()]);
-        for c in p.chunks() {
-            for j in 0..hv {
-                let at = |i: usize, col: usize| ((c.start + i) * hv + j) * bt + col;
-                let tj = |i: usize| (c.start + i) * hv + j;
-                for i in 0..c.len {
-                    for l in 0..i {
-                        a_want[at(i, l)] = s.beta[tj(i)] as f64
-                            * kdot(&s, c.start + i, c.start + l, j, &s.k, &s.k)
-                            * decay(&gm, tj(i), tj(l));
-                    }
-                }
-                // (I + A_strict) A_inv = I on the block, and nothing outside it.
-                let mut err = 0f64;
-                for i in 0..c.len {
-                    for col in 0..bt {
-                        let x = a_inv[at(i, col)] as f64;
-                        if col >= c.len || col > i { prop_assert_eq!(x, 0.0); continue; }
-                        let prod: f64 = x + (0..i).map(|l| a[at(i, l)] as f64 * a_inv[at(l, col)] as f64).sum::<f64>();
-                        let want = if col == i { 1.0 } else { 0.0 };
-                        err = err.max((prod - want).abs());
-                    }
-                }
-                prop_assert!(err <= 1e-5, "(I + A) A_inv - I: max abs {:e}", err);
-                let kh = p.qk_head(j);
-                for i in 0..c.len {
-                    for l in 0..=i {
-                        let coef = a_inv[at(i, l)] as f64 * s.beta[tj(l)] as f64;
-                        for r in 0..dk {
-                            w_want[tj(i) * dk + r] += coef * decay0(&gm, tj(l)) * s.k[((c.start + l) * p.heads() + kh) * dk + r] as f64;
-                        }
-                        for col in 0..dv {
-                            u_want[tj(i) * dv + col] += coef * s.v[tj(l) * dv + col] as f64;
-                        }
-                    }
-                }
-            }
-        }
+        let gd = decays(&gm);
+        let a_want = def::a_strict(p, &s.k, &s.beta, &gd);
+        // (I + A_strict) A_inv = I on every block, and nothing outside it.
+        let res = def::inverse_residual(p, &a, &a_inv);
+        prop_assert_eq!(res.outside, 0.0);
+        prop_assert!(res.max_abs <= 1e-5, "(I + A) A_inv - I: max abs {:e}", res.max_abs);
+        let want = def::w_u(p, &s.k, &s.v, &s.beta, &gd, &a_inv);
+        let (w_want, u_want) = (&want.w, &want.u);
         prop_assert!(rel_l2(&a, &a_want) <= 1e-5, "A_strict rel err {:e}", rel_l2(&a, &a_want));
-        prop_assert!(rel_l2(&wy.w, &w_want) <= 1e-5, "w rel err {:e}", rel_l2(&wy.w, &w_want));
-        prop_assert!(rel_l2(&wy.u, &u_want) <= 1e-5, "u rel err {:e}", rel_l2(&wy.u, &u_want));
+        prop_assert!(rel_l2(&wy.w, w_want) <= 1e-5, "w rel err {:e}", rel_l2(&wy.w, w_want));
+        prop_assert!(rel_l2(&wy.u, u_want) <= 1e-5, "u rel err {:e}", rel_l2(&wy.u, u_want));
     }
 
     #[test]
     fn chunk_state_and_output_follow_their_definitions(spec in spec_strategy(200, 48)) {
         let s = staged(&spec);
         let p = &s.p;
-        let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
-        let kv = dk * dv;
+        let (hv, dk, kv) = (p.v_heads(), p.dk(), p.dk() * p.dv());
         let gm = cpu::chunk_local_cumsum(p, &s.g).unwrap();
         let a = cpu::chunk_scaled_dot_kkt(p, &s.k, &s.beta, &gm).unwrap();
         let a_inv = cpu::solve_tril(p, &a).unwrap();
@@ -215,49 +139,11 @@ proptest! {
         let scale = s.opts.scale_for(dk);
         let o = cpu::chunk_output(p, &s.q, &s.k, &st.v_new, &st.h, &gm, scale).unwrap();
 
-        let mut h_want = vec![0f64; st.h.len()];
-        let mut v_new_want = vec![0f64; st.v_new.len()];
-        let mut fin_want = vec![0f64; st.final_state.len()];
-        let mut o_want = vec![0f64; o.len()];
-        for n in 0..p.num_seqs() {
-            for j in 0..hv {
-                let kh = p.qk_head(j);
-                let mut h = f64s(&h0[(n * hv + j) * kv..][..kv]);
-                for ci in p.seq_chunks(n) {
-                    let c = p.chunks()[ci];
-                    h_want[(ci * hv + j) * kv..][..kv].copy_from_slice(&h);
-                    let tj = |i: usize| (c.start + i) * hv + j;
-                    let krow = |i: usize| &s.k[((c.start + i) * nh + kh) * dk..][..dk];
-                    for i in 0..c.len {
-                        for col in 0..dv {
-                            v_new_want[tj(i) * dv + col] = wy.u[tj(i) * dv + col] as f64
-                                - (0..dk).map(|r| wy.w[tj(i) * dk + r] as f64 * h[r * dv + col]).sum::<f64>();
-                        }
-                    }
-                    for i in 0..c.len {
-                        let qi = c.start + i;
-                        for col in 0..dv {
-                            let inter: f64 = (0..dk).map(|r| s.q[(qi * nh + kh) * dk + r] as f64 * h[r * dv + col]).sum();
-                            let intra: f64 = (0..=i).map(|l| decay(&gm, tj(i), tj(l)) * kdot(&s, qi, c.start + l, j, &s.q, &s.k) * v_new_want[tj(l) * dv + col]).sum();
-                            o_want[tj(i) * dv + col] = scale as f64 * (decay0(&gm, tj(i)) * inter + intra);
-                        }
-                    }
-                    let last = c.len - 1;
-                    let d_last = decay0(&gm, tj(last));
-                    h.iter_mut().for_each(|x| *x *= d_last);
-                    for i in 0..c.len {
-                        let d = decay(&gm, tj(last), tj(i));
-                        for r in 0..dk {
-                            for col in 0..dv {
-                                h[r * dv + col] += d * krow(i)[r] as f64 * v_new_want[tj(i) * dv + col];
-                            }
-                        }
-                    }
-                }
-                fin_want[(n * hv + j) * kv..][..kv].copy_from_slice(&h);
-            }
-        }
-        for (name, got, want) in [("h", &st.h, &h_want), ("v_new", &st.v_new, &v_new_want), ("final_state", &st.final_state, &fin_want), ("o", &o, &o_want)] {
+        let gd = decays(&gm);
+        let want = def::chunk_state(p, &s.k, &wy, &gd, Some(&h0));
+        let (h_want, v_new_want, fin_want) = (&want.h, &want.v_new, &want.final_state);
+        let o_want = def::chunk_output(p, &s.q, &s.k, v_new_want, h_want, &gd, scale as f64);
+        for (name, got, want) in [("h", &st.h, h_want), ("v_new", &st.v_new, v_new_want), ("final_state", &st.final_state, fin_want), ("o", &o, &o_want)] {
             let e = rel_l2(got, want);
             prop_assert!(e <= 1e-5, "{} rel err {:e}", name, e);
         }
@@ -324,4 +210,31 @@ fn large_cumulative_gates_keep_decays_exact() {
     let out = deltanet::forward(&deltanet::Device::Cpu, &x, &opts).unwrap();
     let e = rel_l2(&as_f32(&out.o), &r.o);
     assert!(e <= 1e-6, "rel err {e:e}");
+}
+
+/// The largest `|a - b|` relative to the largest `|b|` (at least 1e-300).
+fn rel_max(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let big = b.iter().fold(1e-300f64, |m, x| m.max(x.abs()));
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / big)
+        .fold(0.0, f64::max)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, rng_seed: RngSeed::Fixed(0x5eed), ..ProptestConfig::default() })]
+
+    /// The stage definitions composed (chunked, all in float64) give the per-token recurrence's
+    /// outputs, states entering every chunk and final states: what makes them the definitions.
+    #[test]
+    fn stage_definitions_compose_to_the_recurrence(spec in spec_strategy(200, 48)) {
+        let (x, opts) = make_case(&spec);
+        let r = def::reference(&x, &opts).unwrap();
+        let c = def::chunked(&x, &opts).unwrap();
+        for (name, got, want) in [("o", &c.o, &r.o), ("h", &c.h, &r.h), ("final_state", &c.final_state, &r.final_state)] {
+            let e = rel_max(got, want);
+            prop_assert!(e <= 1e-9, "{} rel err {:e}", name, e);
+        }
+    }
 }
