@@ -42,6 +42,9 @@ pub enum Error {
         /// What is wrong with it.
         message: String,
     },
+    /// An internal invariant failed: a bug in deltanet, not a fault of the input.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// NVRTC rejected a kernel source.
     #[error("NVRTC failed to compile kernel {kernel} for {arch}: {log}")]
     Compile {

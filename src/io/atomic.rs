@@ -1,0 +1,158 @@
+//! Atomic output: a file is filled under a temporary name beside its destination, flushed, and
+//! only then renamed over it, so a reader sees either the old file or the whole new one.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// A file being written atomically to a destination path.
+///
+/// [`AtomicFile::create`] opens a new temporary file in the destination's folder (so the final
+/// rename stays on one file system); [`AtomicFile::commit`] flushes it to disk and renames it
+/// over the destination. Dropped without a commit (an error, a panic unwinding), it removes the
+/// temporary file: the destination is never left partial nor clobbered. A process that is
+/// killed cannot run the drop; a caller that handles signals can remove
+/// [`AtomicFile::temp_path`] itself.
+#[derive(Debug)]
+pub struct AtomicFile {
+    path: PathBuf,
+    dir: PathBuf,
+    tmp: PathBuf,
+    file: Option<File>,
+}
+
+impl AtomicFile {
+    /// Creates the temporary file for an atomic write of `path`. Fails, naming `path`, when its
+    /// folder does not exist or cannot be written, or when `path` is a directory.
+    pub fn create(path: &Path) -> Result<AtomicFile> {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = path
+            .file_name()
+            .ok_or_else(|| Error::file(path, "expected a file name for the output, got none"))?;
+        if path.is_dir() {
+            return Err(Error::file(
+                path,
+                "expected an output file path, got a directory",
+            ));
+        }
+        if !dir.is_dir() {
+            return Err(Error::file(
+                path,
+                format!(
+                    "expected an existing folder for the output, got none at {}",
+                    dir.display()
+                ),
+            ));
+        }
+        // A unique name in the same folder, opened with create_new so an existing file is never
+        // reused.
+        let mut attempt = 0u32;
+        loop {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0);
+            let tmp = dir.join(format!(
+                ".{}.{}-{nanos}-{attempt}.tmp",
+                name.to_string_lossy(),
+                std::process::id()
+            ));
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+            {
+                Ok(f) => {
+                    return Ok(AtomicFile {
+                        path: path.to_path_buf(),
+                        dir,
+                        tmp,
+                        file: Some(f),
+                    })
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {
+                    attempt += 1
+                }
+                Err(e) => {
+                    return Err(Error::file(
+                        path,
+                        format!("cannot create a temporary file beside it: {e}"),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// The destination.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The temporary file being written.
+    pub fn temp_path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// The temporary file, to write into.
+    pub fn file(&mut self) -> Result<&mut File> {
+        self.file
+            .as_mut()
+            .ok_or_else(|| Error::Internal("atomic file used after commit".into()))
+    }
+
+    /// Flushes the data to disk and renames the temporary file over the destination.
+    pub fn commit(mut self) -> Result<()> {
+        let path = self.path.clone();
+        let ctx =
+            |what: &str, e: &dyn std::fmt::Display| Error::file(&path, format!("{what}: {e}"));
+        let file = self.file()?;
+        file.sync_all().map_err(|e| ctx("cannot write", &e))?;
+        self.file = None;
+        std::fs::rename(&self.tmp, &self.path)
+            .map_err(|e| ctx("cannot rename the temporary file over it", &e))?;
+        // Renamed: nothing left for the drop to remove.
+        self.tmp = PathBuf::new();
+        // Make the rename itself durable; failure here cannot undo it, so it is best effort.
+        if let Ok(d) = File::open(&self.dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        self.file = None;
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Creates a file at `path` atomically (see [`AtomicFile`]): `write` fills the temporary file,
+/// which is committed only if it succeeds.
+pub fn write_atomic_with(path: &Path, write: impl FnOnce(&mut File) -> Result<()>) -> Result<()> {
+    let mut out = AtomicFile::create(path)?;
+    write(out.file()?)?;
+    out.commit()
+}
+
+/// Fails, naming `path`, unless an atomic write of `path` could start now: its folder exists and
+/// takes a new file, and `path` is not a directory nor a special file (a FIFO or device node
+/// would be replaced by a regular file). For checking an output before long work.
+pub fn check_output_path(path: &Path) -> Result<()> {
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() && !meta.is_dir() {
+            return Err(Error::file(
+                path,
+                "expected a regular file path for the output, got a special file (FIFO, device or socket)",
+            ));
+        }
+    }
+    // Creating (and dropping) the very temporary file the write would make proves it can start.
+    AtomicFile::create(path).map(drop)
+}
