@@ -26,6 +26,13 @@ impl AtomicFile {
     /// Creates the temporary file for an atomic write of `path`. Fails, naming `path`, when its
     /// folder does not exist or cannot be written, or when `path` is a directory.
     pub fn create(path: &Path) -> Result<AtomicFile> {
+        AtomicFile::create_noting(path, &mut |_| {})
+    }
+
+    /// [`AtomicFile::create`], telling `note` each temporary name before a file of that name is
+    /// created: whoever must remove the file should the process be killed (a signal handler)
+    /// knows of it before it exists.
+    pub fn create_noting(path: &Path, note: &mut dyn FnMut(&Path)) -> Result<AtomicFile> {
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
@@ -61,6 +68,7 @@ impl AtomicFile {
                 name.to_string_lossy(),
                 std::process::id()
             ));
+            note(&tmp);
             match std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -142,17 +150,58 @@ pub fn write_atomic_with(path: &Path, write: impl FnOnce(&mut File) -> Result<()
 }
 
 /// Fails, naming `path`, unless an atomic write of `path` could start now: its folder exists and
-/// takes a new file, and `path` is not a directory nor a special file (a FIFO or device node
-/// would be replaced by a regular file). For checking an output before long work.
+/// is writable, and `path` is not a directory nor a special file (a FIFO or device node would be
+/// replaced by a regular file). For checking an output before long work; it creates nothing.
 pub fn check_output_path(path: &Path) -> Result<()> {
     if let Ok(meta) = std::fs::metadata(path) {
-        if !meta.is_file() && !meta.is_dir() {
+        if meta.is_dir() {
+            return Err(Error::file(
+                path,
+                "expected an output file path, got a directory",
+            ));
+        }
+        if !meta.is_file() {
             return Err(Error::file(
                 path,
                 "expected a regular file path for the output, got a special file (FIFO, device or socket)",
             ));
         }
     }
-    // Creating (and dropping) the very temporary file the write would make proves it can start.
-    AtomicFile::create(path).map(drop)
+    if path.file_name().is_none() {
+        return Err(Error::file(
+            path,
+            "expected a file name for the output, got none",
+        ));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(Error::file(
+            path,
+            format!(
+                "expected an existing folder for the output, got none at {}",
+                dir.display()
+            ),
+        ));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| Error::file(path, "expected a path without NUL bytes"))?;
+        // SAFETY: access(2) reads a NUL-terminated path and nothing else.
+        if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(Error::file(
+                path,
+                format!(
+                    "expected a writable folder for the output, got {}: {e}",
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

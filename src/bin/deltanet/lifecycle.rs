@@ -61,9 +61,15 @@ pub fn write_output(
     path: &Path,
     write: impl FnOnce(AtomicFile) -> deltanet::Result<()>,
 ) -> deltanet::Result<()> {
-    let out = AtomicFile::create(path)?;
-    let _registered = register(out.temp_path());
-    write(out)
+    // Registered before the file exists, so no signal can come between its creation and its
+    // registration.
+    let mut registered = None;
+    let out = AtomicFile::create_noting(path, &mut |tmp| {
+        registered = Some(register(tmp));
+    })?;
+    let done = write(out);
+    drop(registered);
+    done
 }
 
 fn remove_temporaries() {
