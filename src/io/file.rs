@@ -490,3 +490,36 @@ impl ProblemFile<'_> {
         Ok(p)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_over_the_limit_is_reported_as_such() {
+        let len = |n: u64, total: usize| {
+            let mut b = vec![0u8; total];
+            b[..8].copy_from_slice(&n.to_le_bytes());
+            b
+        };
+        // Within the limit: left to safetensors' own checks.
+        assert_eq!(header_too_large(&len(100_000_000, 16)), None);
+        let e = header_too_large(&len(100_000_001, 16)).expect("too large");
+        assert!(e.contains("100 MB") && e.contains("100000001 bytes"), "{e}");
+        assert!(e.contains("past the end of the 16-byte file"), "{e}");
+        // Over the limit although the file holds it: only the limit is at fault. (calloc'd
+        // zeros: no 150 MB are touched.)
+        let e = header_too_large(&len(150_000_000, 150_000_016)).expect("too large");
+        assert!(
+            e.contains("safetensors' limit") && !e.contains("past the end"),
+            "{e}"
+        );
+        let err = parse(&len(150_000_000, 150_000_016), Path::new("big.st"))
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            err.starts_with("big.st: ") && err.contains("100 MB"),
+            "{err}"
+        );
+    }
+}
