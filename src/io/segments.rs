@@ -285,9 +285,11 @@ pub fn forward_to_file(
             }
             match res.final_state {
                 Some(s) => s.to_f32().into_owned(),
-                None => return Err(Error::Internal(format!(
+                None => {
+                    return Err(Error::Internal(format!(
                     "segment {lo}..{hi}: the forward returned no final state though asked for one"
-                ))),
+                )))
+                }
             }
         };
         for (i, pc) in seg.iter().enumerate() {
