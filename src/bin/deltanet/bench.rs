@@ -234,12 +234,14 @@ pub fn main(a: Args) -> CmdResult {
     if let Some(path) = &a.json {
         write_json(path, &a, &device, &rows)?;
     }
-    let varlen = a
-        .varlen
-        .map(|n| format!(" in {n} sequences"))
-        .unwrap_or_default();
+    let varlen = match a.varlen {
+        Some(1) => " in 1 sequence".to_string(),
+        Some(n) => format!(" in {n} sequences"),
+        None => String::new(),
+    };
+    let runs = if a.repeats == 1 { "run" } else { "runs" };
     println!(
-        "device {}  shape B={b} T={t}{varlen} H={h} HV={hv} K={k} V={v}  {}  chunk {}  {} warm-up + {} timed runs",
+        "device {}  shape B={b} T={t}{varlen} H={h} HV={hv} K={k} V={v}  {}  chunk {}  {} warm-up + {} timed {runs}",
         device.name(),
         a.dtype,
         a.chunk_size,

@@ -37,10 +37,11 @@ pub fn main(a: Args) -> CmdResult {
     }
     let device = open_device(&a.device)?;
     println!(
-        "selftest on {}: seed {}, {} random problems{}",
+        "selftest on {}: seed {}, {} random problem{}{}",
         device.name(),
         a.seed,
         a.count,
+        if a.count == 1 { "" } else { "s" },
         a.vectors
             .as_ref()
             .map(|d| format!(", vectors in {}", d.display()))
