@@ -205,3 +205,72 @@ pub fn check_output_path(path: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("deltanet-atomic-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("scratch folder");
+        d
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .expect("read folder")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_commit_renames_and_a_drop_removes() {
+        let dir = scratch("commit");
+        let path = dir.join("out.bin");
+        std::fs::write(&path, b"old").expect("write");
+        let mut noted = Vec::new();
+        let mut f =
+            AtomicFile::create_noting(&path, &mut |p| noted.push(p.to_path_buf())).expect("create");
+        assert_eq!(noted, [f.temp_path().to_path_buf()]);
+        assert!(f.temp_path().exists());
+        f.file().expect("file").write_all(b"new").expect("write");
+        // Not committed: the old file stays, the temporary goes.
+        drop(f);
+        assert_eq!(std::fs::read(&path).expect("read"), b"old");
+        assert_eq!(names(&dir), ["out.bin"]);
+        write_atomic_with(&path, |f| {
+            f.write_all(b"new").map_err(|e| Error::file(&path, e))
+        })
+        .expect("write");
+        assert_eq!(std::fs::read(&path).expect("read"), b"new");
+        assert_eq!(names(&dir), ["out.bin"]);
+        // A failed write leaves the old file.
+        let e = write_atomic_with(&path, |_| Err(Error::file(&path, "refused")));
+        assert!(e.is_err());
+        assert_eq!(std::fs::read(&path).expect("read"), b"new");
+        assert_eq!(names(&dir), ["out.bin"]);
+    }
+
+    #[test]
+    fn output_paths_are_checked_without_creating_anything() {
+        let dir = scratch("check");
+        check_output_path(&dir.join("fine.bin")).expect("a new file in a folder");
+        let e = check_output_path(&dir.join("no/such/out.bin")).expect_err("missing folder");
+        assert!(e.to_string().contains("existing folder"), "{e}");
+        let e = check_output_path(&dir).expect_err("a directory");
+        assert!(e.to_string().contains("got a directory"), "{e}");
+        let fifo = dir.join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        let e = check_output_path(&fifo).expect_err("a FIFO");
+        assert!(e.to_string().contains("special file"), "{e}");
+        assert_eq!(names(&dir), ["fifo"]);
+    }
+}

@@ -496,6 +496,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_mapped_file_notices_a_change_of_length() {
+        let dir = std::env::temp_dir().join(format!("deltanet-mapped-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("folder");
+        let path = dir.join("in.st");
+        std::fs::write(&path, b"0123456789abcdef").expect("write");
+        let m = MappedFile::open(&path).expect("map");
+        m.check_unchanged().expect("unchanged");
+        // Growing keeps the mapped pages valid but is still a change of the input.
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("open");
+        f.set_len(32).expect("grow");
+        let e = m.check_unchanged().expect_err("changed").to_string();
+        assert!(
+            e.contains("changed while being read") && e.contains("expected 16 bytes, got 32"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        // Not a regular file: refused before opening.
+        let e = MappedFile::open(&std::env::temp_dir())
+            .expect_err("a folder")
+            .to_string();
+        assert!(
+            e.contains("expected a regular file, got a directory"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_header_over_the_limit_is_reported_as_such() {
         let len = |n: u64, total: usize| {
             let mut b = vec![0u8; total];
