@@ -54,7 +54,7 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
-fn deltanet(args: &[&str]) -> Output {
+fn deltanet<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
     Command::new(BIN)
         .args(args)
         .env_remove("RUST_BACKTRACE")
@@ -120,17 +120,10 @@ fn run_reproduces_the_shared_vectors() {
     let dir = scratch("vectors");
     for f in vector_files() {
         let out = dir.join(f.file_name().expect("name"));
-        let o = deltanet(&[
-            "run",
-            "--input",
-            f.to_str().expect("utf8"),
-            "--output",
-            out.to_str().expect("utf8"),
-            "--out-dtype",
-            "f32",
-            "--device",
-            "cpu",
-        ]);
+        let o = deltanet(&argv(
+            "run --input {} --output {} --out-dtype f32 --device cpu",
+            &[&f, &out],
+        ));
         assert!(o.status.success(), "{}: {}", f.display(), stderr(&o));
         let got = read_st(&out);
         let want = read_st(&f);
@@ -156,13 +149,7 @@ fn run_auto_device_falls_back_and_writes_input_dtype() {
     let dir = scratch("auto");
     let f = vectors.join("bf16_qwen_like.safetensors");
     let out = dir.join("o.safetensors");
-    let o = deltanet(&[
-        "run",
-        "-i",
-        f.to_str().expect("utf8"),
-        "-o",
-        out.to_str().expect("utf8"),
-    ]);
+    let o = deltanet(&argv("run -i {} -o {}", &[&f, &out]));
     assert!(o.status.success(), "{}", stderr(&o));
     let got = read_st(&out);
     // FLA's convention: o in the input's dtype unless asked otherwise; states in f32.
@@ -178,23 +165,10 @@ fn flags_override_metadata_and_intermediate_states() {
     let dir = scratch("flags");
     let f = vectors.join("odd_dims.safetensors");
     let out = dir.join("o.safetensors");
-    let o = deltanet(&[
-        "run",
-        "--input",
-        f.to_str().expect("utf8"),
-        "--output",
-        out.to_str().expect("utf8"),
-        "--out-dtype",
-        "f32",
-        "--device",
-        "cpu",
-        "--scale",
-        "0.25",
-        "--use-qk-l2norm",
-        "--chunk-size",
-        "16",
-        "--intermediate-states",
-    ]);
+    let o = deltanet(&argv(
+"run --input {} --output {} --out-dtype f32 --device cpu --scale 0.25 --use-qk-l2norm --chunk-size 16 --intermediate-states",
+&[&f, &out],
+));
     assert!(o.status.success(), "{}", stderr(&o));
     let got = read_st(&out);
 
@@ -308,10 +282,7 @@ fn assert_bad_data(name: &str, bytes: &[u8], extra: &[&str], needles: &[&str]) {
         assert!(err.contains(n), "{name}: {n:?} not in {err}");
     }
     assert!(!out.exists(), "{name}: output written on failure");
-    let left: Vec<_> = std::fs::read_dir(&dir)
-        .expect("read dir")
-        .map(|e| e.expect("entry").file_name())
-        .collect();
+    let left = files_in(&dir);
     assert_eq!(left.len(), 1, "{name}: files left behind: {left:?}");
 }
 
@@ -493,26 +464,14 @@ fn existing_output_is_not_clobbered_on_failure() {
     std::fs::write(&input, small_problem(&[], &["v"], &[])).expect("write");
     let out = dir.join("out.safetensors");
     std::fs::write(&out, b"precious").expect("write");
-    let o = deltanet(&[
-        "run",
-        "--input",
-        input.to_str().expect("utf8"),
-        "--output",
-        out.to_str().expect("utf8"),
-    ]);
+    let o = deltanet(&argv("run --input {} --output {}", &[&input, &out]));
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(std::fs::read(&out).expect("read"), b"precious");
     assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 2);
 
     // A successful run replaces it.
     std::fs::write(&input, small_problem(&[], &[], &[])).expect("write");
-    let o = deltanet(&[
-        "run",
-        "--input",
-        input.to_str().expect("utf8"),
-        "--output",
-        out.to_str().expect("utf8"),
-    ]);
+    let o = deltanet(&argv("run --input {} --output {}", &[&input, &out]));
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(find(&read_st(&out), "o").2, vec![1, 5, 2, 3]);
     assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 2);
@@ -521,13 +480,10 @@ fn existing_output_is_not_clobbered_on_failure() {
 #[test]
 fn missing_input_and_output_folder() {
     let dir = scratch("missing");
-    let o = deltanet(&[
-        "run",
-        "--input",
-        dir.join("nope.safetensors").to_str().expect("utf8"),
-        "--output",
-        dir.join("out.safetensors").to_str().expect("utf8"),
-    ]);
+    let o = deltanet(&argv(
+        "run --input {} --output {}",
+        &[&dir.join("nope.safetensors"), &dir.join("out.safetensors")],
+    ));
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("nope.safetensors"), "{}", stderr(&o));
     let f = vectors_dir().join("odd_dims.safetensors");
@@ -599,17 +555,10 @@ fn selftest_on_cpu_passes() {
     let Some(v) = shared_vectors("selftest_on_cpu_passes") else {
         return;
     };
-    let o = deltanet(&[
-        "selftest",
-        "--device",
-        "cpu",
-        "--count",
-        "4",
-        "--seed",
-        "3",
-        "--vectors",
-        v.to_str().expect("utf8"),
-    ]);
+    let o = deltanet(&argv(
+        "selftest --device cpu --count 4 --seed 3 --vectors {}",
+        &[&v],
+    ));
     let out = stdout(&o);
     assert!(o.status.success(), "{out}\n{}", stderr(&o));
     let last = out.trim_end().lines().last().expect("a last line");
@@ -624,15 +573,10 @@ fn selftest_reports_failures_with_exit_1() {
     // A vectors folder with a broken file: that check fails, the suite exits 1.
     let dir = scratch("selftest_fail");
     std::fs::write(dir.join("broken.safetensors"), b"garbage").expect("write");
-    let o = deltanet(&[
-        "selftest",
-        "--device",
-        "cpu",
-        "--count",
-        "0",
-        "--vectors",
-        dir.to_str().expect("utf8"),
-    ]);
+    let o = deltanet(&argv(
+        "selftest --device cpu --count 0 --vectors {}",
+        &[&dir],
+    ));
     assert_eq!(o.status.code(), Some(1));
     assert!(
         stdout(&o).trim_end().ends_with("0 passed, 1 failed"),
@@ -645,19 +589,10 @@ fn selftest_reports_failures_with_exit_1() {
 fn bench_writes_json() {
     let dir = scratch("bench");
     let json = dir.join("bench.json");
-    let o = deltanet(&[
-        "bench",
-        "--device",
-        "cpu",
-        "--shape",
-        "2,100,2,4,16,8",
-        "--dtype",
-        "f16",
-        "--repeats",
-        "3",
-        "--json",
-        json.to_str().expect("utf8"),
-    ]);
+    let o = deltanet(&argv(
+        "bench --device cpu --shape 2,100,2,4,16,8 --dtype f16 --repeats 3 --json {}",
+        &[&json],
+    ));
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&json).expect("json file")).expect("valid JSON");
@@ -872,10 +807,7 @@ fn a_failed_rename_leaves_nothing_behind() {
         "cpu",
     ]);
     assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
-    let left: Vec<_> = std::fs::read_dir(&dir)
-        .expect("read dir")
-        .map(|e| e.expect("entry").file_name())
-        .collect();
+    let left = files_in(&dir);
     assert_eq!(left.len(), 1, "files left behind: {left:?}");
 }
 
@@ -911,7 +843,18 @@ fn wait_at_most(mut child: std::process::Child, secs: u64, what: &str) -> Output
     }
 }
 
-fn spawn(args: &[&str]) -> std::process::Child {
+/// The words of `line`, each `{}` replaced by the next of `paths`.
+fn argv(line: &str, paths: &[&Path]) -> Vec<std::ffi::OsString> {
+    let mut paths = paths.iter();
+    line.split_whitespace()
+        .map(|w| match w {
+            "{}" => paths.next().expect("a path per {}").as_os_str().to_owned(),
+            _ => w.into(),
+        })
+        .collect()
+}
+
+fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Child {
     use std::process::Stdio;
     Command::new(BIN)
         .args(args)
@@ -1064,15 +1007,7 @@ fn a_fifo_as_input_is_refused_without_blocking() {
     let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
     assert!(made.success());
     let out = dir.join("out.safetensors");
-    let child = spawn(&[
-        "run",
-        "-i",
-        fifo.to_str().expect("utf8"),
-        "-o",
-        out.to_str().expect("utf8"),
-        "--device",
-        "cpu",
-    ]);
+    let child = spawn(&argv("run -i {} -o {} --device cpu", &[&fifo, &out]));
     let o = wait_at_most(child, 60, "run on a FIFO");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
@@ -1088,17 +1023,10 @@ fn bench_checks_its_json_path_before_benchmarking() {
     let dir = scratch("bench-json-missing");
     let json = dir.join("no/such/folder/bench.json");
     // Thousands of timed runs of a 4096-token prefill: minutes, were they run first.
-    let child = spawn(&[
-        "bench",
-        "--device",
-        "cpu",
-        "--shape",
-        "1,4096,2,2,64,64",
-        "--repeats",
-        "100000",
-        "--json",
-        json.to_str().expect("utf8"),
-    ]);
+    let child = spawn(&argv(
+        "bench --device cpu --shape 1,4096,2,2,64,64 --repeats 100000 --json {}",
+        &[&json],
+    ));
     let o = wait_at_most(child, 60, "bench with a --json path in a missing folder");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("no/such/folder"), "{}", stderr(&o));
@@ -1110,10 +1038,10 @@ fn bench_checks_its_json_path_before_benchmarking() {
 fn a_closed_stdout_ends_quietly() {
     use std::io::BufRead;
     for args in [
-        &["selftest", "--device", "cpu", "--count", "20"][..],
-        &["demo", "--device", "cpu", "--tokens", "512"],
+        "selftest --device cpu --count 20",
+        "demo --device cpu --tokens 512",
     ] {
-        let mut child = spawn(args);
+        let mut child = spawn(&argv(args, &[]));
         let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout"));
         let mut first = String::new();
         lines.read_line(&mut first).expect("a first line");
@@ -1145,19 +1073,10 @@ fn stopped_mid_run(name: &str) -> (std::process::Child, PathBuf) {
     let input = dir.join("in.safetensors");
     std::fs::write(&input, bytes).expect("write input");
     let out = dir.join("out.safetensors");
-    let mut child = spawn(&[
-        "run",
-        "-i",
-        input.to_str().expect("utf8"),
-        "-o",
-        out.to_str().expect("utf8"),
-        "--device",
-        "cpu",
-        "--chunk-size",
-        "16",
-        "--segment-tokens",
-        "16",
-    ]);
+    let mut child = spawn(&argv(
+        "run -i {} -o {} --device cpu --chunk-size 16 --segment-tokens 16",
+        &[&input, &out],
+    ));
     let t0 = std::time::Instant::now();
     loop {
         let temp = std::fs::read_dir(&dir).expect("read dir").any(|e| {
@@ -1304,15 +1223,11 @@ fn selftest_refuses_to_check_nothing() {
     assert!(stderr(&o).contains("--count"), "{}", stderr(&o));
     // An empty vectors folder and no random problems: a failed check, not a vacuous pass.
     let dir = scratch("selftest-empty");
-    let o = deltanet(&[
-        "selftest",
-        "--device",
-        "cpu",
-        "--count",
-        "0",
-        "--vectors",
-        dir.to_str().expect("utf8"),
-    ]);
+    let child = spawn(&argv(
+        "selftest --device cpu --count 0 --vectors {}",
+        &[&dir],
+    ));
+    let o = wait_at_most(child, 60, "selftest on an empty folder");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stdout(&o).contains("0 passed, 1 failed"), "{}", stdout(&o));
 }
@@ -1328,21 +1243,14 @@ fn a_header_over_the_safetensors_limit_says_so() {
 fn bench_varlen_and_prefill_flops() {
     let dir = scratch("bench-varlen");
     let json = dir.join("bench.json");
-    let o = deltanet(&[
-        "bench",
-        "--device",
-        "cpu",
-        "--shape",
-        "1,300,2,4,16,8",
-        "--varlen",
-        "5",
-        "--work",
-        "prefill",
-        "--repeats",
-        "2",
-        "--json",
-        json.to_str().expect("utf8"),
-    ]);
+    let o = wait_at_most(
+        spawn(&argv(
+            "bench --device cpu --shape 1,300,2,4,16,8 --varlen 5 --work prefill --repeats 2 --json {}",
+            &[&json],
+        )),
+        300,
+        "bench --varlen",
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         stdout(&o).contains("T=300 in 5 sequences"),
@@ -1358,15 +1266,7 @@ fn bench_varlen_and_prefill_flops() {
     assert!(r["flops"].as_f64().is_some_and(|f| f > 0.0), "{r}");
     assert!(r["flops_per_s"].as_f64().is_some_and(|f| f > 0.0), "{r}");
     // Varlen packs one batch row.
-    let o = deltanet(&[
-        "bench",
-        "--device",
-        "cpu",
-        "--shape",
-        "2,300,2,4,16,8",
-        "--varlen",
-        "5",
-    ]);
+    let o = deltanet(&["bench", "--shape", "2,300,2,4,16,8", "--varlen", "5"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("B = 1"), "{}", stderr(&o));
 }

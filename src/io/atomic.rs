@@ -33,28 +33,7 @@ impl AtomicFile {
     /// created: whoever must remove the file should the process be killed (a signal handler)
     /// knows of it before it exists.
     pub fn create_noting(path: &Path, note: &mut dyn FnMut(&Path)) -> Result<AtomicFile> {
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = path
-            .file_name()
-            .ok_or_else(|| Error::file(path, "expected a file name for the output, got none"))?;
-        if path.is_dir() {
-            return Err(Error::file(
-                path,
-                "expected an output file path, got a directory",
-            ));
-        }
-        if !dir.is_dir() {
-            return Err(Error::file(
-                path,
-                format!(
-                    "expected an existing folder for the output, got none at {}",
-                    dir.display()
-                ),
-            ));
-        }
+        let (dir, name) = output_folder(path)?;
         // A unique name in the same folder, opened with create_new so an existing file is never
         // reused.
         let mut attempt = 0u32;
@@ -65,7 +44,7 @@ impl AtomicFile {
                 .unwrap_or(0);
             let tmp = dir.join(format!(
                 ".{}.{}-{nanos}-{attempt}.tmp",
-                name.to_string_lossy(),
+                name,
                 std::process::id()
             ));
             note(&tmp);
@@ -141,6 +120,34 @@ impl Drop for AtomicFile {
     }
 }
 
+/// The existing folder and the file name of an output path; `Err` naming `path` when it has no
+/// file name, is a directory, or its folder does not exist.
+fn output_folder(path: &Path) -> Result<(PathBuf, String)> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::file(path, "expected a file name for the output, got none"))?;
+    if path.is_dir() {
+        return Err(Error::file(
+            path,
+            "expected an output file path, got a directory",
+        ));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return Err(Error::file(
+            path,
+            format!(
+                "expected an existing folder for the output, got none at {}",
+                dir.display()
+            ),
+        ));
+    }
+    Ok((dir, name.to_string_lossy().into_owned()))
+}
+
 /// Creates a file at `path` atomically (see [`AtomicFile`]): `write` fills the temporary file,
 /// which is committed only if it succeeds.
 pub fn write_atomic_with(path: &Path, write: impl FnOnce(&mut File) -> Result<()>) -> Result<()> {
@@ -153,39 +160,13 @@ pub fn write_atomic_with(path: &Path, write: impl FnOnce(&mut File) -> Result<()
 /// is writable, and `path` is not a directory nor a special file (a FIFO or device node would be
 /// replaced by a regular file). For checking an output before long work; it creates nothing.
 pub fn check_output_path(path: &Path) -> Result<()> {
-    if let Ok(meta) = std::fs::metadata(path) {
-        if meta.is_dir() {
-            return Err(Error::file(
-                path,
-                "expected an output file path, got a directory",
-            ));
-        }
-        if !meta.is_file() {
-            return Err(Error::file(
-                path,
-                "expected a regular file path for the output, got a special file (FIFO, device or socket)",
-            ));
-        }
-    }
-    if path.file_name().is_none() {
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
         return Err(Error::file(
             path,
-            "expected a file name for the output, got none",
+            "expected a regular file path for the output, got a special file (FIFO, device or socket)",
         ));
     }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    if !dir.is_dir() {
-        return Err(Error::file(
-            path,
-            format!(
-                "expected an existing folder for the output, got none at {}",
-                dir.display()
-            ),
-        ));
-    }
+    let (dir, _) = output_folder(path)?;
     #[cfg(unix)]
     {
         use std::os::unix::ffi::OsStrExt;
@@ -218,11 +199,10 @@ mod tests {
         d
     }
 
-    fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .expect("read folder")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
+    fn names(dir: &Path) -> Vec<std::ffi::OsString> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .and_then(|d| d.map(|e| e.map(|e| e.file_name())).collect())
+            .expect("read folder");
         v.sort();
         v
     }
