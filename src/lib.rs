@@ -93,7 +93,10 @@ impl Device {
     /// A one-line description (`cpu (2 threads)`, `cuda:0 NVIDIA H200 (sm_90)`).
     pub fn name(&self) -> String {
         match self {
-            Device::Cpu => format!("cpu ({} threads)", rayon::current_num_threads()),
+            Device::Cpu => match rayon::current_num_threads() {
+                1 => "cpu (1 thread)".to_string(),
+                n => format!("cpu ({n} threads)"),
+            },
             Device::Cuda(d) => d.name(),
         }
     }

@@ -9,13 +9,35 @@ use deltanet::reference::rel_l2;
 
 const BIN: &str = env!("CARGO_BIN_EXE_deltanet");
 
+/// The shared conformance vectors: `../shared/vectors` beside the checkout, or the folder named
+/// by `DELTANET_VECTORS`.
 fn vectors_dir() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/vectors"))
+    std::env::var_os("DELTANET_VECTORS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/vectors")))
+}
+
+/// The vectors folder, or `None` after saying on the terminal that `test` is skipped. Written
+/// to the process's stderr directly, past the test harness's capture, so a skip is never a
+/// silent "ok".
+fn shared_vectors(test: &str) -> Option<PathBuf> {
+    let d = vectors_dir();
+    if d.is_dir() {
+        return Some(d);
+    }
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "test {test}: SKIPPED: {} is missing; these tests need the shared conformance vectors \
+         (check out ../shared beside this checkout, or set DELTANET_VECTORS to a copy)",
+        d.display()
+    );
+    None
 }
 
 fn vector_files() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(vectors_dir())
-        .expect("../shared/vectors must exist beside the checkout")
+        .expect("../shared/vectors must exist beside the checkout (or DELTANET_VECTORS)")
         .map(|e| e.expect("dir entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
         .collect();
@@ -32,7 +54,7 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
-fn deltanet(args: &[&str]) -> Output {
+fn deltanet<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
     Command::new(BIN)
         .args(args)
         .env_remove("RUST_BACKTRACE")
@@ -92,20 +114,16 @@ fn find<'a>(
 
 #[test]
 fn run_reproduces_the_shared_vectors() {
+    if shared_vectors("run_reproduces_the_shared_vectors").is_none() {
+        return;
+    }
     let dir = scratch("vectors");
     for f in vector_files() {
         let out = dir.join(f.file_name().expect("name"));
-        let o = deltanet(&[
-            "run",
-            "--input",
-            f.to_str().expect("utf8"),
-            "--output",
-            out.to_str().expect("utf8"),
-            "--out-dtype",
-            "f32",
-            "--device",
-            "cpu",
-        ]);
+        let o = deltanet(&argv(
+            "run --input {} --output {} --out-dtype f32 --device cpu",
+            &[&f, &out],
+        ));
         assert!(o.status.success(), "{}: {}", f.display(), stderr(&o));
         let got = read_st(&out);
         let want = read_st(&f);
@@ -125,16 +143,13 @@ fn run_reproduces_the_shared_vectors() {
 
 #[test]
 fn run_auto_device_falls_back_and_writes_input_dtype() {
+    let Some(vectors) = shared_vectors("run_auto_device_falls_back_and_writes_input_dtype") else {
+        return;
+    };
     let dir = scratch("auto");
-    let f = vectors_dir().join("bf16_qwen_like.safetensors");
+    let f = vectors.join("bf16_qwen_like.safetensors");
     let out = dir.join("o.safetensors");
-    let o = deltanet(&[
-        "run",
-        "-i",
-        f.to_str().expect("utf8"),
-        "-o",
-        out.to_str().expect("utf8"),
-    ]);
+    let o = deltanet(&argv("run -i {} -o {}", &[&f, &out]));
     assert!(o.status.success(), "{}", stderr(&o));
     let got = read_st(&out);
     // FLA's convention: o in the input's dtype unless asked otherwise; states in f32.
@@ -144,26 +159,16 @@ fn run_auto_device_falls_back_and_writes_input_dtype() {
 
 #[test]
 fn flags_override_metadata_and_intermediate_states() {
+    let Some(vectors) = shared_vectors("flags_override_metadata_and_intermediate_states") else {
+        return;
+    };
     let dir = scratch("flags");
-    let f = vectors_dir().join("odd_dims.safetensors");
+    let f = vectors.join("odd_dims.safetensors");
     let out = dir.join("o.safetensors");
-    let o = deltanet(&[
-        "run",
-        "--input",
-        f.to_str().expect("utf8"),
-        "--output",
-        out.to_str().expect("utf8"),
-        "--out-dtype",
-        "f32",
-        "--device",
-        "cpu",
-        "--scale",
-        "0.25",
-        "--use-qk-l2norm",
-        "--chunk-size",
-        "16",
-        "--intermediate-states",
-    ]);
+    let o = deltanet(&argv(
+"run --input {} --output {} --out-dtype f32 --device cpu --scale 0.25 --use-qk-l2norm --chunk-size 16 --intermediate-states",
+&[&f, &out],
+));
     assert!(o.status.success(), "{}", stderr(&o));
     let got = read_st(&out);
 
@@ -277,10 +282,7 @@ fn assert_bad_data(name: &str, bytes: &[u8], extra: &[&str], needles: &[&str]) {
         assert!(err.contains(n), "{name}: {n:?} not in {err}");
     }
     assert!(!out.exists(), "{name}: output written on failure");
-    let left: Vec<_> = std::fs::read_dir(&dir)
-        .expect("read dir")
-        .map(|e| e.expect("entry").file_name())
-        .collect();
+    let left = files_in(&dir);
     assert_eq!(left.len(), 1, "{name}: files left behind: {left:?}");
 }
 
@@ -462,26 +464,14 @@ fn existing_output_is_not_clobbered_on_failure() {
     std::fs::write(&input, small_problem(&[], &["v"], &[])).expect("write");
     let out = dir.join("out.safetensors");
     std::fs::write(&out, b"precious").expect("write");
-    let o = deltanet(&[
-        "run",
-        "--input",
-        input.to_str().expect("utf8"),
-        "--output",
-        out.to_str().expect("utf8"),
-    ]);
+    let o = deltanet(&argv("run --input {} --output {}", &[&input, &out]));
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(std::fs::read(&out).expect("read"), b"precious");
     assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 2);
 
     // A successful run replaces it.
     std::fs::write(&input, small_problem(&[], &[], &[])).expect("write");
-    let o = deltanet(&[
-        "run",
-        "--input",
-        input.to_str().expect("utf8"),
-        "--output",
-        out.to_str().expect("utf8"),
-    ]);
+    let o = deltanet(&argv("run --input {} --output {}", &[&input, &out]));
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(find(&read_st(&out), "o").2, vec![1, 5, 2, 3]);
     assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 2);
@@ -490,13 +480,10 @@ fn existing_output_is_not_clobbered_on_failure() {
 #[test]
 fn missing_input_and_output_folder() {
     let dir = scratch("missing");
-    let o = deltanet(&[
-        "run",
-        "--input",
-        dir.join("nope.safetensors").to_str().expect("utf8"),
-        "--output",
-        dir.join("out.safetensors").to_str().expect("utf8"),
-    ]);
+    let o = deltanet(&argv(
+        "run --input {} --output {}",
+        &[&dir.join("nope.safetensors"), &dir.join("out.safetensors")],
+    ));
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("nope.safetensors"), "{}", stderr(&o));
     let f = vectors_dir().join("odd_dims.safetensors");
@@ -565,18 +552,13 @@ fn usage_errors_exit_2() {
 
 #[test]
 fn selftest_on_cpu_passes() {
-    let v = vectors_dir();
-    let o = deltanet(&[
-        "selftest",
-        "--device",
-        "cpu",
-        "--count",
-        "4",
-        "--seed",
-        "3",
-        "--vectors",
-        v.to_str().expect("utf8"),
-    ]);
+    let Some(v) = shared_vectors("selftest_on_cpu_passes") else {
+        return;
+    };
+    let o = deltanet(&argv(
+        "selftest --device cpu --count 4 --seed 3 --vectors {}",
+        &[&v],
+    ));
     let out = stdout(&o);
     assert!(o.status.success(), "{out}\n{}", stderr(&o));
     let last = out.trim_end().lines().last().expect("a last line");
@@ -591,15 +573,10 @@ fn selftest_reports_failures_with_exit_1() {
     // A vectors folder with a broken file: that check fails, the suite exits 1.
     let dir = scratch("selftest_fail");
     std::fs::write(dir.join("broken.safetensors"), b"garbage").expect("write");
-    let o = deltanet(&[
-        "selftest",
-        "--device",
-        "cpu",
-        "--count",
-        "0",
-        "--vectors",
-        dir.to_str().expect("utf8"),
-    ]);
+    let o = deltanet(&argv(
+        "selftest --device cpu --count 0 --vectors {}",
+        &[&dir],
+    ));
     assert_eq!(o.status.code(), Some(1));
     assert!(
         stdout(&o).trim_end().ends_with("0 passed, 1 failed"),
@@ -612,19 +589,10 @@ fn selftest_reports_failures_with_exit_1() {
 fn bench_writes_json() {
     let dir = scratch("bench");
     let json = dir.join("bench.json");
-    let o = deltanet(&[
-        "bench",
-        "--device",
-        "cpu",
-        "--shape",
-        "2,100,2,4,16,8",
-        "--dtype",
-        "f16",
-        "--repeats",
-        "3",
-        "--json",
-        json.to_str().expect("utf8"),
-    ]);
+    let o = deltanet(&argv(
+        "bench --device cpu --shape 2,100,2,4,16,8 --dtype f16 --repeats 3 --json {}",
+        &[&json],
+    ));
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&json).expect("json file")).expect("valid JSON");
@@ -651,6 +619,9 @@ fn demo_runs_and_checks_itself() {
 
 #[test]
 fn segmented_runs_match_whole_runs() {
+    if shared_vectors("segmented_runs_match_whole_runs").is_none() {
+        return;
+    }
     let dir = scratch("segments");
     for f in vector_files() {
         let whole = dir.join("whole.safetensors");
@@ -836,10 +807,7 @@ fn a_failed_rename_leaves_nothing_behind() {
         "cpu",
     ]);
     assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
-    let left: Vec<_> = std::fs::read_dir(&dir)
-        .expect("read dir")
-        .map(|e| e.expect("entry").file_name())
-        .collect();
+    let left = files_in(&dir);
     assert_eq!(left.len(), 1, "files left behind: {left:?}");
 }
 
@@ -856,4 +824,449 @@ fn usage_errors_are_one_line() {
         let err = stderr(&o);
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
     }
+}
+
+/// Waits for `child` at most `secs` seconds; a child still running then is killed and the test
+/// fails (the command hung).
+fn wait_at_most(mut child: std::process::Child, secs: u64, what: &str) -> Output {
+    let t0 = std::time::Instant::now();
+    loop {
+        match child.try_wait().expect("wait") {
+            Some(_) => return child.wait_with_output().expect("output"),
+            None if t0.elapsed().as_secs() >= secs => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{what}: still running after {secs} s");
+            }
+            None => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    }
+}
+
+/// The words of `line`, each `{}` replaced by the next of `paths`.
+fn argv(line: &str, paths: &[&Path]) -> Vec<std::ffi::OsString> {
+    let mut paths = paths.iter();
+    line.split_whitespace()
+        .map(|w| match w {
+            "{}" => paths.next().expect("a path per {}").as_os_str().to_owned(),
+            _ => w.into(),
+        })
+        .collect()
+}
+
+fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Child {
+    use std::process::Stdio;
+    Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the deltanet binary")
+}
+
+/// Elements with these bits (f32 by `to_bits`, bf16 or f16 as u16) at the given flat indices.
+fn with_bits<T: Copy>(
+    n: usize,
+    fill: T,
+    at: &[(usize, T)],
+    bytes: impl Fn(T) -> Vec<u8>,
+) -> Vec<u8> {
+    let mut v = vec![fill; n];
+    for &(i, x) in at {
+        v[i] = x;
+    }
+    v.into_iter().flat_map(bytes).collect()
+}
+
+#[test]
+fn non_finite_inputs_are_refused_naming_tensor_and_index() {
+    let f32b = |x: f32| x.to_le_bytes().to_vec();
+    // small_problem: B=1, T=5, H=1, HV=2, K=4, V=3.
+    // k [1, 5, 1, 4]: flat 13 is t=3, d=1.
+    let k = with_bits(20, 0.5f32, &[(13, f32::NAN)], f32b);
+    assert_bad_data(
+        "nan_k",
+        &small_problem(&[("k", "F32", vec![1, 5, 1, 4], k)], &[], &[]),
+        &[],
+        &[
+            "tensor k",
+            "NaN at flat index 13",
+            "[b, t, h, d] = [0, 3, 0, 1]",
+            "--allow-non-finite",
+        ],
+    );
+    // v [1, 5, 2, 3]: flat 29 is t=4, h=1, d=2; the first bad value is named.
+    let v = with_bits(30, 1.0f32, &[(29, f32::INFINITY)], f32b);
+    assert_bad_data(
+        "inf_v",
+        &small_problem(&[("v", "F32", vec![1, 5, 2, 3], v)], &[], &[]),
+        &[],
+        &["tensor v", "inf at flat index 29", "[0, 4, 1, 2]"],
+    );
+    // beta [1, 5, 2]: -inf is refused there; g [1, 5, 2]: +inf and NaN are, -inf is a hard reset.
+    let beta = with_bits(10, 0.5f32, &[(3, f32::NEG_INFINITY)], f32b);
+    assert_bad_data(
+        "neg_inf_beta",
+        &small_problem(&[("beta", "F32", vec![1, 5, 2], beta)], &[], &[]),
+        &[],
+        &[
+            "tensor beta",
+            "-inf at flat index 3",
+            "[b, t, h] = [0, 1, 1]",
+        ],
+    );
+    let g = with_bits(10, -0.1f32, &[(6, f32::INFINITY)], f32b);
+    assert_bad_data(
+        "inf_g",
+        &small_problem(&[("g", "F32", vec![1, 5, 2], g)], &[], &[]),
+        &[],
+        &["tensor g", "inf at flat index 6"],
+    );
+    let g = with_bits(10, -0.1f32, &[(6, f32::NEG_INFINITY)], f32b);
+    let (o, out, _) = run_on(
+        "reset_g",
+        &small_problem(&[("g", "F32", vec![1, 5, 2], g)], &[], &[]),
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.exists());
+    // q in bf16 and f16 (k, v alike): a NaN at flat 5 (t=1, d=1).
+    let u16b = |x: u16| x.to_le_bytes().to_vec();
+    for (dt, half, nan) in [("BF16", 0x3f00u16, 0x7fc0u16), ("F16", 0x3800, 0x7e00)] {
+        let q = with_bits(20, half, &[(5, nan)], u16b);
+        let k = with_bits(20, half, &[], u16b);
+        let v = with_bits(30, half, &[], u16b);
+        let bytes = small_problem(
+            &[
+                ("q", dt, vec![1, 5, 1, 4], q),
+                ("k", dt, vec![1, 5, 1, 4], k),
+                ("v", dt, vec![1, 5, 2, 3], v),
+            ],
+            &[],
+            &[],
+        );
+        assert_bad_data(
+            dt,
+            &bytes,
+            &[],
+            &["tensor q", "NaN at flat index 5", "[0, 1, 0, 1]"],
+        );
+        // The flag skips the check.
+        let (o, out, _) = run_on(&format!("{dt}_allowed"), &bytes, &["--allow-non-finite"]);
+        assert!(o.status.success(), "{dt}: {}", stderr(&o));
+        assert!(out.exists());
+    }
+    // A state: checked once, up front.
+    let h0 = with_bits(24, 0.0f32, &[(23, f32::NAN)], f32b);
+    assert_bad_data(
+        "nan_state",
+        &small_problem(&[("initial_state", "F32", vec![1, 2, 4, 3], h0)], &[], &[]),
+        &[],
+        &[
+            "tensor initial_state",
+            "flat index 23",
+            "[n, h, k, v] = [0, 1, 3, 2]",
+        ],
+    );
+}
+
+#[test]
+fn non_finite_values_in_a_later_segment_stop_the_run_without_output() {
+    // T = 200 in segments of 16 tokens; the NaN sits in token 150's v.
+    let (t, hv, v) = (200, 2, 3);
+    let f32b = |x: f32| x.to_le_bytes().to_vec();
+    let bytes = st_bytes(
+        &[
+            ("q", "F32", vec![1, t, 1, 4], f32_bytes(t * 4, 0.5)),
+            ("k", "F32", vec![1, t, 1, 4], f32_bytes(t * 4, 0.5)),
+            (
+                "v",
+                "F32",
+                vec![1, t, hv, v],
+                with_bits(t * hv * v, 1.0f32, &[(150 * hv * v + 4, f32::NAN)], f32b),
+            ),
+            ("g", "F32", vec![1, t, hv], f32_bytes(t * hv, -0.1)),
+            ("beta", "F32", vec![1, t, hv], f32_bytes(t * hv, 0.5)),
+        ],
+        &[],
+    );
+    assert_bad_data(
+        "late_nan",
+        &bytes,
+        &["--chunk-size", "16", "--segment-tokens", "16"],
+        &["tensor v", "[0, 150, 1, 1]"],
+    );
+}
+
+#[test]
+fn a_fifo_as_input_is_refused_without_blocking() {
+    let dir = scratch("fifo-input");
+    let fifo = dir.join("in.safetensors");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let out = dir.join("out.safetensors");
+    let child = spawn(&argv("run -i {} -o {} --device cpu", &[&fifo, &out]));
+    let o = wait_at_most(child, 60, "run on a FIFO");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("expected a regular file, got a FIFO"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn bench_checks_its_json_path_before_benchmarking() {
+    let dir = scratch("bench-json-missing");
+    let json = dir.join("no/such/folder/bench.json");
+    // Thousands of timed runs of a 4096-token prefill: minutes, were they run first.
+    let child = spawn(&argv(
+        "bench --device cpu --shape 1,4096,2,2,64,64 --repeats 100000 --json {}",
+        &[&json],
+    ));
+    let o = wait_at_most(child, 60, "bench with a --json path in a missing folder");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no/such/folder"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("existing folder"), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "");
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    use std::io::BufRead;
+    for args in [
+        "selftest --device cpu --count 20",
+        "demo --device cpu --tokens 512",
+    ] {
+        let mut child = spawn(&argv(args, &[]));
+        let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut first = String::new();
+        lines.read_line(&mut first).expect("a first line");
+        assert!(!first.is_empty(), "{args:?}");
+        // Like `| head -1`: the reader goes away.
+        drop(lines);
+        let o = wait_at_most(child, 300, "a command with its stdout closed");
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(141), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+}
+
+/// A run of about a second on a 2-core machine (T = 2000, HV = 2, K = V = 512 in 125 segments),
+/// stopped with SIGSTOP once its temporary output exists. Returns the child and the folder.
+fn stopped_mid_run(name: &str) -> (std::process::Child, PathBuf) {
+    let (t, hv, k) = (2000, 2, 512);
+    let bytes = st_bytes(
+        &[
+            ("q", "F32", vec![1, t, 1, k], f32_bytes(t * k, 0.05)),
+            ("k", "F32", vec![1, t, 1, k], f32_bytes(t * k, 0.05)),
+            ("v", "F32", vec![1, t, hv, k], f32_bytes(t * hv * k, 1.0)),
+            ("g", "F32", vec![1, t, hv], f32_bytes(t * hv, -0.1)),
+            ("beta", "F32", vec![1, t, hv], f32_bytes(t * hv, 0.5)),
+        ],
+        &[],
+    );
+    let dir = scratch(name);
+    let input = dir.join("in.safetensors");
+    std::fs::write(&input, bytes).expect("write input");
+    let out = dir.join("out.safetensors");
+    let mut child = spawn(&argv(
+        "run -i {} -o {} --device cpu --chunk-size 16 --segment-tokens 16",
+        &[&input, &out],
+    ));
+    let t0 = std::time::Instant::now();
+    loop {
+        let temp = std::fs::read_dir(&dir).expect("read dir").any(|e| {
+            e.expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".tmp")
+        });
+        if temp {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+            return (child, dir);
+        }
+        if let Some(st) = child.try_wait().expect("wait") {
+            panic!("{name}: the run ended ({st}) before its temporary file was seen");
+        }
+        assert!(t0.elapsed().as_secs() < 120, "{name}: no temporary file");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn signals_end_a_run_with_their_codes_and_no_temporary_file() {
+    for (sig, code, name) in [
+        (libc::SIGTERM, 143, "sigterm"),
+        (libc::SIGINT, 130, "sigint"),
+        (libc::SIGHUP, 129, "sighup"),
+        (libc::SIGBUS, 1, "sigbus"),
+    ] {
+        let (child, dir) = stopped_mid_run(name);
+        // SAFETY: kill(2) on our own child's pid; the signal waits until it continues.
+        unsafe {
+            libc::kill(child.id() as i32, sig);
+            libc::kill(child.id() as i32, libc::SIGCONT);
+        }
+        let o = wait_at_most(child, 60, name);
+        assert_eq!(o.status.code(), Some(code), "{name}: {}", stderr(&o));
+        assert_eq!(files_in(&dir), ["in.safetensors"], "{name}");
+        if sig == libc::SIGBUS {
+            assert!(stderr(&o).contains("while being read"), "{}", stderr(&o));
+        }
+    }
+}
+
+#[test]
+fn an_input_truncated_during_a_run_stops_it_without_output() {
+    let (child, dir) = stopped_mid_run("truncated-input");
+    let input = dir.join("in.safetensors");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&input)
+        .expect("open input");
+    let len = f.metadata().expect("stat").len();
+    f.set_len(len / 2).expect("truncate");
+    drop(f);
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+    let o = wait_at_most(child, 60, "run on a truncated input");
+    let err = stderr(&o);
+    // Either the check between segments sees it, or a read of a lost page faults (SIGBUS).
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("while being read"), "{err}");
+    assert_eq!(files_in(&dir), ["in.safetensors"]);
+}
+
+/// A problem of `t` tokens with varied values: B=1, H=2, HV=4, K=16, V=8.
+fn varied_problem(t: usize) -> Vec<u8> {
+    let wave = |n: usize, f: f32, a: f32, b: f32| -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| (a + b * (i as f32 * f).sin()).to_le_bytes())
+            .collect()
+    };
+    st_bytes(
+        &[
+            ("q", "F32", vec![1, t, 2, 16], wave(t * 32, 0.37, 0.0, 1.0)),
+            ("k", "F32", vec![1, t, 2, 16], wave(t * 32, 0.71, 0.0, 0.3)),
+            ("v", "F32", vec![1, t, 4, 8], wave(t * 32, 0.13, 0.0, 1.0)),
+            ("g", "F32", vec![1, t, 4], wave(t * 4, 0.9, -0.2, 0.1)),
+            ("beta", "F32", vec![1, t, 4], wave(t * 4, 0.5, 0.5, 0.4)),
+        ],
+        &[],
+    )
+}
+
+#[test]
+fn a_problem_that_fits_is_one_segment_and_counts_are_singular() {
+    // T = 77 is more than one chunk of 64 but fits the default segment.
+    let (o, _, _) = run_on("t77", &varied_problem(77), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("(1 sequence, 1 segment)"),
+        "{}",
+        stderr(&o)
+    );
+    // Cut on purpose: plural.
+    let (o, _, _) = run_on("t77-cut", &varied_problem(77), &["--segment-tokens", "64"]);
+    assert!(
+        stderr(&o).contains("(1 sequence, 2 segments)"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn the_output_file_is_a_function_of_the_inputs() {
+    let dir = scratch("threads");
+    let input = dir.join("in.safetensors");
+    std::fs::write(&input, varied_problem(300)).expect("write input");
+    let mut files = Vec::new();
+    for threads in ["1", "2", "2"] {
+        let out = dir.join(format!("out-{}.safetensors", files.len()));
+        let o = Command::new(BIN)
+            .args(["run", "-i", input.to_str().expect("utf8"), "-o"])
+            .arg(&out)
+            .args(["--device", "cpu", "--intermediate-states"])
+            .env("RAYON_NUM_THREADS", threads)
+            .output()
+            .expect("run");
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!("cpu ({threads} thread")),
+            "{}",
+            stderr(&o)
+        );
+        files.push(std::fs::read(&out).expect("read output"));
+    }
+    assert!(files[0] == files[1], "1 and 2 threads give different files");
+    assert!(files[1] == files[2], "two runs give different files");
+}
+
+#[test]
+fn selftest_refuses_to_check_nothing() {
+    let o = deltanet(&["selftest", "--device", "cpu", "--count", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--count"), "{}", stderr(&o));
+    // An empty vectors folder and no random problems: a failed check, not a vacuous pass.
+    let dir = scratch("selftest-empty");
+    let child = spawn(&argv(
+        "selftest --device cpu --count 0 --vectors {}",
+        &[&dir],
+    ));
+    let o = wait_at_most(child, 60, "selftest on an empty folder");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stdout(&o).contains("0 passed, 1 failed"), "{}", stdout(&o));
+}
+
+#[test]
+fn a_header_over_the_safetensors_limit_says_so() {
+    let mut bytes = 200_000_000u64.to_le_bytes().to_vec();
+    bytes.extend_from_slice(b"{}      ");
+    assert_bad_data("big_header", &bytes, &[], &["100 MB", "200000000 bytes"]);
+}
+
+#[test]
+fn bench_varlen_and_prefill_flops() {
+    let dir = scratch("bench-varlen");
+    let json = dir.join("bench.json");
+    let o = wait_at_most(
+        spawn(&argv(
+            "bench --device cpu --shape 1,300,2,4,16,8 --varlen 5 --work prefill --repeats 2 --json {}",
+            &[&json],
+        )),
+        300,
+        "bench --varlen",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("T=300 in 5 sequences"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(stdout(&o).contains("FLOP/s"), "{}", stdout(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json file")).expect("valid JSON");
+    assert_eq!(v["varlen"], 5);
+    let r = &v["results"][0];
+    assert_eq!(r["work"], "prefill");
+    assert!(r["flops"].as_f64().is_some_and(|f| f > 0.0), "{r}");
+    assert!(r["flops_per_s"].as_f64().is_some_and(|f| f > 0.0), "{r}");
+    // Varlen packs one batch row.
+    let o = deltanet(&["bench", "--shape", "2,300,2,4,16,8", "--varlen", "5"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("B = 1"), "{}", stderr(&o));
 }

@@ -1,6 +1,6 @@
 //! `deltanet bench`: repeated timings of the prefill, the decode step and solve_tril.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use deltanet::selftest::{layer_inputs, Rng};
@@ -28,8 +28,9 @@ enum Work {
 ///
 /// Warm-up runs, then --repeats timed runs of each piece of work (device events on a GPU, wall
 /// clock on the CPU), with inputs already on the device. Prints median, min and max, tokens/s
-/// for the prefill and decode, and effective bytes/s (bytes read + written) for decode and
-/// solve_tril; --json writes the same for harnesses.
+/// and FLOP/s (of the chunked algorithm) for the prefill, tokens/s for decode, and effective
+/// bytes/s (bytes read + written) for decode and solve_tril; --json writes the same for
+/// harnesses. --varlen N packs the T tokens of --shape (B = 1) into N sequences.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// auto (a GPU if one can be used, else the CPU), cpu, cuda or cuda:N.
@@ -56,6 +57,54 @@ pub struct Args {
     /// Chunk size of the prefill and solve_tril.
     #[arg(long, default_value_t = 64, value_parser = crate::parse_chunk)]
     chunk_size: usize,
+    /// Pack the T tokens of --shape (which must have B = 1) into N sequences for the prefill and
+    /// solve_tril, with ../shared/gpu/anchors.py's lengths: weights w_i = 1 + (37 i mod 64),
+    /// length_i = floor(T w_i / sum w) for i < N - 1, the last sequence takes the rest.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    varlen: Option<u64>,
+}
+
+/// The sequence offsets of `n` sequences sharing `t` tokens by the anchors' rule (see
+/// `Args::varlen`).
+fn varlen_cu_seqlens(n: usize, t: usize) -> Vec<i64> {
+    let w: Vec<u128> = (0..n as u128).map(|i| 1 + (37 * i) % 64).collect();
+    let sum: u128 = w.iter().sum();
+    let mut cu = vec![0i64];
+    for &wi in &w[..n - 1] {
+        let len = (t as u128 * wi / sum) as i64;
+        cu.push(cu[cu.len() - 1] + len);
+    }
+    cu.push(t as i64);
+    cu
+}
+
+/// Floating-point operations of the chunked forward of `p`, counting the block products as the
+/// chunked algorithm computes them (dense, masked halves included; a multiply-add is 2), per
+/// value head and chunk of c tokens, with K = dk and V = dv:
+///
+/// ```text
+/// A_strict = beta K K^T                      2 c^2 K
+/// A_inv    = (I + A_strict)^-1               c^3 / 3   (unit lower-triangular inverse)
+/// w        = A_inv (beta exp(gamma) K)       2 c^2 K
+/// u        = A_inv (beta V)                  2 c^2 V
+/// v_new    = u - w h                         2 c K V
+/// h       <- exp(gamma_c) h + K^T v_new      2 c K V
+/// o        = Q h + (Q K^T, masked) v_new     2 c K V + 2 c^2 K + 2 c^2 V
+/// total      6 c^2 K + 4 c^2 V + 6 c K V + c^3 / 3
+/// ```
+///
+/// Elementwise work (gates, cumulative sums, l2norm, scales) is linear in c and left out.
+fn prefill_flops(p: &Problem) -> f64 {
+    let (k, v) = (p.dk() as f64, p.dv() as f64);
+    let per_head: f64 = p
+        .chunks()
+        .iter()
+        .map(|ch| {
+            let c = ch.len as f64;
+            6.0 * c * c * k + 4.0 * c * c * v + 6.0 * c * k * v + c * c * c / 3.0
+        })
+        .sum();
+    per_head * p.v_heads() as f64
 }
 
 /// B, T, H, HV, K, V.
@@ -89,6 +138,7 @@ struct Row {
     times_ms: Vec<f64>,
     tokens: Option<usize>,
     bytes: Option<u128>,
+    flops: Option<f64>,
 }
 
 impl Row {
@@ -121,6 +171,9 @@ impl Row {
     fn bytes_per_s(&self) -> Option<f64> {
         self.bytes.map(|b| b as f64 / (self.median() / 1e3))
     }
+    fn flops_per_s(&self) -> Option<f64> {
+        self.flops.map(|f| f / (self.median() / 1e3))
+    }
 }
 
 fn si(x: f64) -> String {
@@ -134,8 +187,24 @@ fn si(x: f64) -> String {
 }
 
 pub fn main(a: Args) -> CmdResult {
-    let device = open_device(&a.device)?;
     let [b, t, h, hv, k, v] = a.shape.0;
+    if let Some(n) = a.varlen {
+        if b != 1 {
+            return Err(Failure::usage(format!(
+                "--varlen: expected --shape with B = 1 (the N sequences share its T tokens), got B = {b}"
+            )));
+        }
+        if n > t as u64 {
+            return Err(Failure::usage(format!(
+                "--varlen: expected at most T = {t} sequences, got {n}"
+            )));
+        }
+    }
+    // Before any work: a results file that cannot be written fails now, not after the benchmark.
+    if let Some(path) = &a.json {
+        deltanet::io::check_output_path(path)?;
+    }
+    let device = open_device(&a.device)?;
     let works: Vec<Work> = match a.work {
         Work::All => vec![Work::Prefill, Work::Decode, Work::SolveTril],
         w => vec![w],
@@ -161,8 +230,18 @@ pub fn main(a: Args) -> CmdResult {
     bar.finish_and_clear();
     let rows = rows?;
 
+    // The results file first: a closed stdout (`| head`) ends the process at the next print.
+    if let Some(path) = &a.json {
+        write_json(path, &a, &device, &rows)?;
+    }
+    let varlen = match a.varlen {
+        Some(1) => " in 1 sequence".to_string(),
+        Some(n) => format!(" in {n} sequences"),
+        None => String::new(),
+    };
+    let runs = if a.repeats == 1 { "run" } else { "runs" };
     println!(
-        "device {}  shape B={b} T={t} H={h} HV={hv} K={k} V={v}  {}  chunk {}  {} warm-up + {} timed runs",
+        "device {}  shape B={b} T={t}{varlen} H={h} HV={hv} K={k} V={v}  {}  chunk {}  {} warm-up + {} timed {runs}",
         device.name(),
         a.dtype,
         a.chunk_size,
@@ -178,6 +257,9 @@ pub fn main(a: Args) -> CmdResult {
         if let Some(x) = r.tokens_per_s() {
             thr.push(format!("{}tokens/s", si(x)));
         }
+        if let Some(x) = r.flops_per_s() {
+            thr.push(format!("{}FLOP/s", si(x)));
+        }
         if let Some(x) = r.bytes_per_s() {
             thr.push(format!("{}B/s", si(x)));
         }
@@ -190,42 +272,51 @@ pub fn main(a: Args) -> CmdResult {
             thr.join(", ")
         );
     }
-    if let Some(path) = &a.json {
-        let results: Vec<_> = rows
-            .iter()
-            .map(|r| {
-                json!({
-                    "work": r.work,
-                    "median_ms": r.median(),
-                    "min_ms": r.min(),
-                    "max_ms": r.max(),
-                    "times_ms": r.times_ms,
-                    "tokens": r.tokens,
-                    "tokens_per_s": r.tokens_per_s(),
-                    "bytes": r.bytes.map(|b| b as f64),
-                    "bytes_per_s": r.bytes_per_s(),
-                })
-            })
-            .collect();
-        let doc = json!({
-            "device": device.name(),
-            "shape": {"B": b, "T": t, "H": h, "HV": hv, "K": k, "V": v},
-            "dtype": a.dtype.name(),
-            "chunk_size": a.chunk_size,
-            "warmup": a.warmup,
-            "repeats": a.repeats,
-            "results": results,
-        });
-        let text = serde_json::to_string_pretty(&doc)
-            .map_err(|e| Failure::data(format!("--json: {e}")))?;
-        deltanet::io::write_atomic_with(path, |f| {
-            use std::io::Write;
-            f.write_all(text.as_bytes())
-                .and_then(|()| f.write_all(b"\n"))
-                .map_err(|e| deltanet::Error::file(path, format!("cannot write: {e}")))
-        })?;
-    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the results as JSON to `path`, atomically.
+fn write_json(path: &Path, a: &Args, device: &Device, rows: &[Row]) -> Result<(), Failure> {
+    let [b, t, h, hv, k, v] = a.shape.0;
+    let results: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "work": r.work,
+                "median_ms": r.median(),
+                "min_ms": r.min(),
+                "max_ms": r.max(),
+                "times_ms": r.times_ms,
+                "tokens": r.tokens,
+                "tokens_per_s": r.tokens_per_s(),
+                "flops": r.flops,
+                "flops_per_s": r.flops_per_s(),
+                "bytes": r.bytes.map(|b| b as f64),
+                "bytes_per_s": r.bytes_per_s(),
+            })
+        })
+        .collect();
+    let doc = json!({
+        "device": device.name(),
+        "shape": {"B": b, "T": t, "H": h, "HV": hv, "K": k, "V": v},
+        "varlen": a.varlen,
+        "dtype": a.dtype.name(),
+        "chunk_size": a.chunk_size,
+        "warmup": a.warmup,
+        "repeats": a.repeats,
+        "results": results,
+    });
+    let mut text =
+        serde_json::to_string_pretty(&doc).map_err(|e| Failure::data(format!("--json: {e}")))?;
+    text.push('\n');
+    crate::lifecycle::write_output(path, |mut out| {
+        use std::io::Write;
+        out.file()?
+            .write_all(text.as_bytes())
+            .map_err(|e| deltanet::Error::file(path, format!("cannot write: {e}")))?;
+        out.commit()
+    })?;
+    Ok(())
 }
 
 fn time_n<D: HostIo>(
@@ -261,7 +352,10 @@ fn bench_on<D: HostIo>(
     let mut rows = Vec::new();
     let f4 = 4u128;
     if works.contains(&Work::Prefill) || works.contains(&Work::SolveTril) {
-        let x = layer_inputs(&mut rng, [b, t, h, hv, k, v], a.dtype, false)?;
+        let mut x = layer_inputs(&mut rng, [b, t, h, hv, k, v], a.dtype, false)?;
+        if let Some(n) = a.varlen {
+            x.cu_seqlens = Some(varlen_cu_seqlens(n as usize, t));
+        }
         let p = Problem::from_inputs(&x, opts)?;
         let s = upload_inputs(dev, &p, &x, opts)?;
         dev.synchronize()?;
@@ -274,6 +368,7 @@ fn bench_on<D: HostIo>(
                 times_ms: times,
                 tokens: Some(p.tokens()),
                 bytes: None,
+                flops: Some(prefill_flops(&p)),
             });
         }
         if works.contains(&Work::SolveTril) {
@@ -291,6 +386,7 @@ fn bench_on<D: HostIo>(
                 times_ms: times,
                 tokens: None,
                 bytes: Some(bytes),
+                flops: None,
             });
         }
     }
@@ -330,7 +426,52 @@ fn bench_on<D: HostIo>(
             times_ms: times,
             tokens: Some(b),
             bytes: Some(bytes),
+            flops: None,
         });
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varlen_lengths_follow_the_anchors_rule() {
+        // w = [1, 38, 11], sum 50: floor(100 / 50), floor(3800 / 50), and the rest.
+        assert_eq!(varlen_cu_seqlens(3, 100), vec![0, 2, 78, 100]);
+        assert_eq!(varlen_cu_seqlens(1, 77), vec![0, 77]);
+        // The weights repeat every 64 sequences; the offsets always end at T and never fall.
+        let cu = varlen_cu_seqlens(64, 65536);
+        assert_eq!(cu.len(), 65);
+        assert_eq!(cu[64], 65536);
+        assert!(cu.windows(2).all(|w| w[0] <= w[1]));
+        // w_0 = 1 and the 64 weights are 1..=64 in some order (37 is odd), summing to 2080.
+        assert_eq!(cu[1], 31);
+    }
+
+    #[test]
+    fn prefill_flops_sum_over_chunks_and_heads() {
+        let opts = Options::default();
+        // T = 100 in chunks of 64 and 36; HV = 2, K = 4, V = 8.
+        let dims = deltanet::Dims {
+            batch: 1,
+            seq_len: 100,
+            heads: 1,
+            v_heads: 2,
+            dk: 4,
+            dv: 8,
+        };
+        let p = Problem::new(dims, None, &opts).expect("problem");
+        let chunk = |c: f64| {
+            let (k, v) = (4.0, 8.0);
+            2.0 * c * c * k // A_strict
+                + c * c * c / 3.0 // A_inv
+                + 2.0 * c * c * k + 2.0 * c * c * v // w, u
+                + 2.0 * c * k * v + 2.0 * c * k * v // v_new, h
+                + 2.0 * c * k * v + 2.0 * c * c * k + 2.0 * c * c * v // o
+        };
+        let want = 2.0 * (chunk(64.0) + chunk(36.0));
+        assert!((prefill_flops(&p) - want).abs() <= 1e-9 * want);
+    }
 }

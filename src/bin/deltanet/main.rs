@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod lifecycle;
 mod run;
 mod selftest;
 
@@ -14,7 +15,10 @@ use clap::{Parser, Subcommand};
 /// semantics and layouts.
 #[derive(Parser, Debug)]
 #[command(name = "deltanet", version, propagate_version = true)]
-#[command(after_help = "Exit codes: 0 success, 1 bad data or failed checks, 2 usage errors.")]
+#[command(
+    after_help = "Exit codes: 0 success, 1 bad data or failed checks, 2 usage errors; ended by a \
+                  signal: 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 141 SIGPIPE (output closed early)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -153,11 +157,9 @@ fn main() -> ExitCode {
             .unwrap_or_else(|| "unknown".into());
         eprintln!("deltanet: internal error: {msg}");
     }));
-    // Ctrl-C or a termination signal: remove the temporary output first.
-    let _ = ctrlc::set_handler(|| {
-        deltanet::io::remove_pending_temporaries();
-        std::process::exit(130);
-    });
+    // Signals (Ctrl-C, termination, a closed pipe, a truncated input) end the process without
+    // leaving temporary output.
+    lifecycle::install();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

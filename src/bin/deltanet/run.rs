@@ -1,11 +1,12 @@
 //! `deltanet run`: the forward on the inputs of a safetensors file, written atomically.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use deltanet::io::{self, MappedFile};
-use deltanet::{DType, HeadMap, Options};
+use deltanet::io::{self, MappedFile, SegmentHooks};
+use deltanet::{DType, Device, HeadMap, Inputs, Options};
 
 use crate::{device_arg, open_device, CmdResult, Failure};
 
@@ -17,7 +18,9 @@ use crate::{device_arg, open_device, CmdResult, Failure};
 /// allow_neg_eigval, gate_in_kernel, chunk_size, head_map, state_v_first); the flags below
 /// override them. Writes `o` and `final_state` (f32), plus `chunk_states` with
 /// --intermediate-states, to a temporary file beside OUTPUT that is renamed over it only once
-/// complete: a failed run leaves no output and never clobbers an existing file.
+/// complete: a failed run leaves no output and never clobbers an existing file. Inputs holding
+/// NaN or infinity (but for g = -inf, a hard reset) are refused, naming the tensor and the first
+/// bad element, unless --allow-non-finite.
 #[derive(clap::Args, Debug)]
 #[command(
     after_help = "Example: deltanet run --input ../shared/vectors/basic_f32.safetensors \
@@ -68,6 +71,10 @@ pub struct Args {
     /// by default a segment's working memory is about 1 GiB.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     segment_tokens: Option<u64>,
+    /// Skip the check that every input value is finite (NaN and infinities are refused by
+    /// default, naming the tensor and the first bad element).
+    #[arg(long)]
+    allow_non_finite: bool,
 }
 
 /// The default working memory of one forward call.
@@ -83,8 +90,8 @@ fn json_bool(b: bool) -> String {
 }
 
 /// The options as metadata of the output, so the file says how it was made.
-fn options_metadata(o: &Options) -> HashMap<String, String> {
-    let mut m = HashMap::new();
+fn options_metadata(o: &Options) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
     m.insert(
         "scale".into(),
         o.scale.map_or("null".into(), |s| format!("{s}")),
@@ -106,33 +113,100 @@ fn options_metadata(o: &Options) -> HashMap<String, String> {
     m
 }
 
+/// The tensors split by token: name, axes for messages, and whether minus infinity is a valid
+/// value (a gate `g = -inf` is a hard reset of the state).
+const PER_TOKEN: [(&str, &str, bool); 5] = [
+    ("q", "b, t, h, d", false),
+    ("k", "b, t, h, d", false),
+    ("v", "b, t, h, d", false),
+    ("g", "b, t, h", true),
+    ("beta", "b, t, h", false),
+];
+
+/// `check_finite`'s error, with the flag that skips the check.
+fn with_hint(e: deltanet::Error) -> deltanet::Error {
+    match e {
+        deltanet::Error::File { path, message } => deltanet::Error::File {
+            path,
+            message: format!("{message} (--allow-non-finite skips this check)"),
+        },
+        other => other,
+    }
+}
+
+/// Between segments: the input is still what was mapped, the next segment's inputs are finite,
+/// and the progress bar moves.
+struct RunHooks<'a> {
+    file: &'a MappedFile,
+    inputs: &'a Inputs<'a>,
+    tokens: usize,
+    check_finite: bool,
+    bar: &'a indicatif::ProgressBar,
+}
+
+impl SegmentHooks for RunHooks<'_> {
+    fn before(&mut self, tokens: Range<usize>) -> deltanet::Result<()> {
+        // A truncated input faults (SIGBUS, handled in `lifecycle`) when its lost pages are
+        // read; a change seen here, before the next segment is read, is a plain error.
+        self.file.check_unchanged()?;
+        if self.check_finite {
+            let x = self.inputs;
+            for (&(name, axes, neg_inf), t) in
+                PER_TOKEN.iter().zip([&x.q, &x.k, &x.v, &x.g, &x.beta])
+            {
+                let per = t.numel() / self.tokens.max(1);
+                io::check_finite(
+                    self.file.path(),
+                    name,
+                    axes,
+                    t,
+                    tokens.start * per..tokens.end * per,
+                    neg_inf,
+                )
+                .map_err(with_hint)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn after(&mut self, tokens: Range<usize>) {
+        self.bar.inc(tokens.len() as u64);
+    }
+}
+
+/// Refuses non-finite values in the tensors that are not split by token (checked once).
+fn check_whole_tensors(path: &Path, x: &Inputs<'_>, state_v_first: bool) -> deltanet::Result<()> {
+    let state_axes = if state_v_first {
+        "n, h, v, k"
+    } else {
+        "n, h, k, v"
+    };
+    for (name, axes, t) in [
+        ("initial_state", state_axes, &x.initial_state),
+        ("A_log", "h", &x.a_log),
+        ("dt_bias", "h", &x.dt_bias),
+    ] {
+        if let Some(t) = t {
+            io::check_finite(path, name, axes, t, 0..t.numel(), false).map_err(with_hint)?;
+        }
+    }
+    Ok(())
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 pub fn main(a: Args) -> CmdResult {
     let mut overrides = Options::default();
     if let Some(s) = &a.scale {
         io::set_option(&mut overrides, "scale", s).map_err(|e| Failure::usage(format!("--{e}")))?;
     }
-    // Fail before any work when the output cannot be placed.
-    let parent = match a.output.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if !parent.is_dir() {
-        return Err(Failure::data(format!(
-            "{}: expected an existing folder for the output, got none",
-            parent.display()
-        )));
-    }
-    if a.output.is_dir() {
-        return Err(Failure::data(format!(
-            "{}: expected an output file path, got a directory",
-            a.output.display()
-        )));
-    }
     // The rename that makes the write atomic would replace a FIFO or device node with a regular
     // file, and writing over the input would destroy it: refuse both.
     if let Ok(out_meta) = std::fs::metadata(&a.output) {
         use std::os::unix::fs::MetadataExt;
-        if !out_meta.is_file() {
+        if !out_meta.is_file() && !out_meta.is_dir() {
             return Err(Failure::usage(format!(
                 "--output {}: expected a regular file path, got a special file (FIFO, device or socket)",
                 a.output.display()
@@ -147,6 +221,8 @@ pub fn main(a: Args) -> CmdResult {
             }
         }
     }
+    // Fail before any work when the output cannot be placed.
+    io::check_output_path(&a.output)?;
 
     let file = MappedFile::open(&a.input)?;
     let pf = file.parse()?;
@@ -179,17 +255,20 @@ pub fn main(a: Args) -> CmdResult {
     // Every sequence's initial and final state is held at once, whatever the segmenting (many
     // empty sequences cost no tokens but still a state each).
     io::check_states(&a.input, &p)?;
+    if !a.allow_non_finite {
+        check_whole_tensors(&a.input, &pf.inputs, opts.state_v_first)?;
+    }
     let seg = match a.segment_tokens {
         Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
         None => io::segment_tokens(&p, &opts, SEGMENT_BUDGET),
     };
-    let seg = seg.min(p.tokens()).max(1);
+    let seg = io::segment_cap(&p, seg.max(1));
     // The memory one segment needs, checked up front so an impossible shape is an error rather
     // than an allocation failure.
     let seg_problem = deltanet::Problem::new(
         deltanet::Dims {
             batch: 1,
-            seq_len: seg,
+            seq_len: seg.min(p.tokens()).max(1),
             ..p.dims()
         },
         None,
@@ -199,9 +278,15 @@ pub fn main(a: Args) -> CmdResult {
     io::check_memory(&a.input, &seg_problem, &opts)?;
     let device = open_device(&a.device)?;
     let mut meta = options_metadata(&opts);
+    // The device's kind only: the file is a function of its inputs, not of a thread count or a
+    // card's index.
+    let kind = match &device {
+        Device::Cpu => "cpu",
+        Device::Cuda(_) => "cuda",
+    };
     meta.insert(
         "device".into(),
-        serde_json::Value::String(device.name()).to_string(),
+        serde_json::Value::String(kind.into()).to_string(),
     );
     let segments = io::plan_segments(&p, seg).len();
     let t0 = std::time::Instant::now();
@@ -217,24 +302,24 @@ pub fn main(a: Args) -> CmdResult {
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let mut on_segment = |tokens: usize| bar.inc(tokens as u64);
-    let done = io::forward_to_file(
-        &device,
-        &pf.inputs,
-        &opts,
-        seg,
-        &a.output,
-        meta,
-        &mut on_segment,
-    );
+    let mut hooks = RunHooks {
+        file: &file,
+        inputs: &pf.inputs,
+        tokens: p.tokens(),
+        check_finite: !a.allow_non_finite,
+        bar: &bar,
+    };
+    let done = crate::lifecycle::write_output(&a.output, |out| {
+        io::forward_to_file(&device, &pf.inputs, &opts, seg, out, &meta, &mut hooks)
+    });
     bar.finish_and_clear();
     done.map_err(|e| match e {
-        deltanet::Error::File { .. } => Failure::from(e),
+        deltanet::Error::File { .. } | deltanet::Error::Internal(_) => Failure::from(e),
         other => Failure::data(format!("{}: {other}", a.input.display())),
     })?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
     eprintln!(
-        "{}: B={} T={} H={} HV={} K={} V={} ({} sequences, {segments} segment(s)) on {} in {ms:.1} ms -> {} (o {})",
+        "{}: B={} T={} H={} HV={} K={} V={} ({}, {}) on {} in {ms:.1} ms -> {} (o {})",
         a.input.display(),
         p.batch(),
         p.seq_len(),
@@ -242,7 +327,8 @@ pub fn main(a: Args) -> CmdResult {
         p.v_heads(),
         p.dk(),
         p.dv(),
-        p.num_seqs(),
+        plural(p.num_seqs(), "sequence", "sequences"),
+        plural(segments, "segment", "segments"),
         device.name(),
         a.output.display(),
         opts.out_dtype.unwrap_or(pf.inputs.q.dtype()),

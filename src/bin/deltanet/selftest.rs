@@ -30,12 +30,18 @@ pub struct Args {
 }
 
 pub fn main(a: Args) -> CmdResult {
+    if a.count == 0 && a.vectors.is_none() {
+        return Err(crate::Failure::usage(
+            "--count: expected at least 1 random problem (or a --vectors folder), got 0: nothing would be checked",
+        ));
+    }
     let device = open_device(&a.device)?;
     println!(
-        "selftest on {}: seed {}, {} random problems{}",
+        "selftest on {}: seed {}, {} random problem{}{}",
         device.name(),
         a.seed,
         a.count,
+        if a.count == 1 { "" } else { "s" },
         a.vectors
             .as_ref()
             .map(|d| format!(", vectors in {}", d.display()))
