@@ -4,25 +4,44 @@
 //    memory in slices of DT dimensions and each thread keeps EPT dot products in registers;
 // 2. each thread produces RPT rows (i, i + R, ...) of one output column, so every element of h
 //    and v_new it loads serves RPT outputs.
-#define THREADS 256
+// Terms of later tokens (l > i) are skipped, never multiplied by a zero: a non-finite value at
+// token l must not reach the outputs of tokens before it. BT and THREADS come from the registry.
 #define DT 32
 #define EPT ((BT * BT + THREADS - 1) / THREADS)
 #define RPT 4
 
-extern "C" __global__ void __launch_bounds__(THREADS) chunk_output(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v_new,
-    const float* __restrict__ hs, const float* __restrict__ gamma, const float* __restrict__ lo,
-    const float* __restrict__ seg, float* __restrict__ o, const i64* __restrict__ chunk_start,
-    const i64* __restrict__ chunk_len, i64 chunks, i64 h, i64 hv, i64 dk, i64 dv, float scale,
-    int tiled) {
+struct ChunkOutputParams {
+    const float* q;      // [B, T, H, K]
+    const float* k;      // [B, T, H, K]
+    const float* v_new;  // [B, T, HV, V]
+    const float* h;      // [chunks, HV, K, V], the state entering each chunk
+    GammaIn gm;
+    float* o;  // [B, T, HV, V]
+    Chunks chunks;
+    i64 heads, hv, dk, dv;
+    float scale;
+    int tiled;
+};
+static_assert(sizeof(ChunkOutputParams) == PARAMS_BYTES, "ChunkOutputParams differs from its Rust mirror");
+
+extern "C" __global__ void __launch_bounds__(THREADS) chunk_output(const ChunkOutputParams P) {
+    const float* __restrict__ q = P.q;
+    const float* __restrict__ k = P.k;
+    const float* __restrict__ v_new = P.v_new;
+    const float* __restrict__ hs = P.h;
+    const float* __restrict__ gamma = P.gm.gamma;
+    const float* __restrict__ lo = P.gm.lo;
+    const float* __restrict__ seg = P.gm.seg;
+    float* __restrict__ o = P.o;
+    const i64 h = P.heads, hv = P.hv, dk = P.dk, dv = P.dv;
     __shared__ float qs[BT][DT + 1];
     __shared__ float ks[BT][DT + 1];
     __shared__ float p[BT][BT + 1];
     __shared__ float d0[BT];
-    BLOCK_LOOP(item, chunks * hv) {
+    BLOCK_LOOP(item, P.chunks.count * hv) {
         const i64 c = item / hv, j = item % hv;
-        const i64 kh = qk_head(j, h, hv, tiled);
-        const i64 start = chunk_start[c], n = chunk_len[c];
+        const i64 kh = qk_head(j, h, hv, P.tiled);
+        const i64 start = P.chunks.start[c], n = P.chunks.len[c];
         float acc[EPT];
 #pragma unroll
         for (int m = 0; m < EPT; ++m) acc[m] = 0.0f;
@@ -86,15 +105,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_output(
                 const float x = v_new[((start + l) * hv + j) * dv + cc];
 #pragma unroll
                 for (int m = 0; m < RPT; ++m) {
+                    // Only l <= i: v_new of a later token is skipped, not multiplied by p = 0.
                     const i64 i = i0 + m * rows;
-                    // p is zero above the diagonal, so rows past l add nothing.
-                    if (i < BT) out[m] = fmaf(p[i][l], x, out[m]);
+                    if (i < n && l <= i) out[m] = fmaf(p[i][l], x, out[m]);
                 }
             }
 #pragma unroll
             for (int m = 0; m < RPT; ++m) {
                 const i64 i = i0 + m * rows;
-                if (i < n) o[((start + i) * hv + j) * dv + cc] = out[m] * scale;
+                if (i < n) o[((start + i) * hv + j) * dv + cc] = out[m] * P.scale;
             }
         }
     }

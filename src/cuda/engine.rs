@@ -1,0 +1,981 @@
+//! The interface for inference engines: the forward and the recurrent (decode) step on the
+//! engine's stream, reading and writing the engine's device buffers, with intermediates in a
+//! workspace the engine provides. The hot path ([`Plan::forward`], [`Plan::recurrent_step`])
+//! allocates nothing, uploads nothing and never waits for the host, so it can be captured in a
+//! CUDA graph.
+//!
+//! A [`Plan`] is made once per problem shape (a [`Problem`] and [`Options`]) and input dtype:
+//! it validates them, compiles and loads every kernel it may launch, and uploads the problem's
+//! chunk and sequence tables into device memory it owns. The forward and the step then only
+//! queue work on the device's stream.
+//!
+//! ```no_run
+//! # fn main() -> deltanet::Result<()> {
+//! use std::sync::Arc;
+//! use deltanet::cuda::{CudaDevice, DeviceMut, DeviceRef, ForwardIo, Plan, Workspace};
+//! use deltanet::{DType, Dims, Options, Problem};
+//! # let stream: Arc<cudarc::driver::CudaStream> = unimplemented!();
+//! let dev = Arc::new(CudaDevice::from_stream(stream.clone())?);
+//! let dims = Dims { batch: 1, seq_len: 128, heads: 2, v_heads: 4, dk: 64, dv: 64 };
+//! let opts = Options::default();
+//! let p = Problem::new(dims, None, &opts)?;
+//! let plan = Plan::new(dev, &p, &opts, DType::BF16)?;
+//! let mut ws = stream.alloc_zeros::<u8>(plan.forward_workspace_bytes()).unwrap();
+//! # let (q, k, v, g, beta, mut o, mut fs): (cudarc::driver::CudaSlice<u16>, cudarc::driver::CudaSlice<u16>, cudarc::driver::CudaSlice<u16>, cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<u16>, cudarc::driver::CudaSlice<f32>) = unimplemented!();
+//! plan.forward(
+//!     ForwardIo {
+//!         q: DeviceRef::new(&q, DType::BF16)?,
+//!         k: DeviceRef::new(&k, DType::BF16)?,
+//!         v: DeviceRef::new(&v, DType::BF16)?,
+//!         g: DeviceRef::new(&g, DType::F32)?,
+//!         beta: DeviceRef::new(&beta, DType::F32)?,
+//!         initial_state: None,
+//!         a_log: None,
+//!         dt_bias: None,
+//!         o: DeviceMut::new(&mut o, DType::BF16)?,
+//!         final_state: DeviceMut::new(&mut fs, DType::F32)?,
+//!         chunk_states: None,
+//!     },
+//!     Workspace::new(&mut ws),
+//! )?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Memory rules: every buffer lives in the device's CUDA context; the work is queued on the
+//! device's stream and ordered only by it, so buffers written on other streams must be ready
+//! before (as for any kernel an engine queues). Outputs must not overlap inputs or each other,
+//! except that `final_state` may be `initial_state` itself (the state is then advanced in
+//! place). The workspace must not be used by anything else until the queued work is done.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
+
+use super::registry::Kernel;
+use super::stages::{
+    cast, chunk_output, chunk_state, cumsum, gate, kkt, l2norm, recurrent, solve_tril, wy,
+    GammaPtrs,
+};
+use super::{CudaDevice, Tables};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::options::Options;
+use crate::problem::Problem;
+
+/// Alignment of every workspace region, and of the workspace itself, in bytes (what
+/// `cuMemAlloc` and PyTorch's allocator give).
+pub const WORKSPACE_ALIGN: usize = 256;
+
+/// A read-only view of `len` elements of `dtype` in device memory the caller owns.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceRef<'a> {
+    ptr: CUdeviceptr,
+    len: usize,
+    dtype: DType,
+    _borrow: PhantomData<&'a ()>,
+}
+
+/// A writable view of `len` elements of `dtype` in device memory the caller owns.
+#[derive(Debug)]
+pub struct DeviceMut<'a> {
+    ptr: CUdeviceptr,
+    len: usize,
+    dtype: DType,
+    _borrow: PhantomData<&'a mut ()>,
+}
+
+/// Scratch device memory for the intermediates of one call, `bytes` long, aligned to
+/// [`WORKSPACE_ALIGN`].
+#[derive(Debug)]
+pub struct Workspace<'a> {
+    ptr: CUdeviceptr,
+    bytes: usize,
+    _borrow: PhantomData<&'a mut ()>,
+}
+
+fn element_size<T>(dtype: DType) -> Result<()> {
+    if std::mem::size_of::<T>() != dtype.size() {
+        return Err(Error::invalid(
+            "dtype",
+            format!(
+                "{dtype} ({} bytes, the buffer's element size)",
+                dtype.size()
+            ),
+            format!("elements of {} bytes", std::mem::size_of::<T>()),
+        ));
+    }
+    Ok(())
+}
+
+impl<'a> DeviceRef<'a> {
+    /// A cudarc buffer read as elements of `dtype` (`f32` as F32; `u16` or `half` types as BF16
+    /// or F16); `Err` when the element sizes differ. The address is taken now, so make views
+    /// before a graph capture begins.
+    pub fn new<T>(s: &'a CudaSlice<T>, dtype: DType) -> Result<Self> {
+        element_size::<T>(dtype)?;
+        let (ptr, _) = s.device_ptr(s.stream());
+        Ok(DeviceRef {
+            ptr,
+            len: s.len(),
+            dtype,
+            _borrow: PhantomData,
+        })
+    }
+
+    /// A cudarc view read as elements of `dtype` (see [`DeviceRef::new`]).
+    pub fn from_view<T>(s: &'a CudaView<'_, T>, dtype: DType) -> Result<Self> {
+        element_size::<T>(dtype)?;
+        let (ptr, _) = s.device_ptr(s.stream());
+        Ok(DeviceRef {
+            ptr,
+            len: s.len(),
+            dtype,
+            _borrow: PhantomData,
+        })
+    }
+
+    /// Memory of another runtime (`tensor.data_ptr()`, `tensor.numel()`).
+    ///
+    /// # Safety
+    /// `ptr` addresses `len` elements of `dtype` in the device's context that stay allocated,
+    /// and are not written by others, while the work queued with this view runs.
+    pub unsafe fn from_raw(ptr: CUdeviceptr, len: usize, dtype: DType) -> Self {
+        DeviceRef {
+            ptr,
+            len,
+            dtype,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the view has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+impl<'a> DeviceMut<'a> {
+    /// A cudarc buffer written as elements of `dtype` (see [`DeviceRef::new`]).
+    pub fn new<T>(s: &'a mut CudaSlice<T>, dtype: DType) -> Result<Self> {
+        element_size::<T>(dtype)?;
+        let len = s.len();
+        let stream = s.stream().clone();
+        let (ptr, _) = s.device_ptr_mut(&stream);
+        Ok(DeviceMut {
+            ptr,
+            len,
+            dtype,
+            _borrow: PhantomData,
+        })
+    }
+
+    /// A cudarc mutable view written as elements of `dtype` (see [`DeviceRef::new`]).
+    pub fn from_view<T>(s: &'a mut CudaViewMut<'_, T>, dtype: DType) -> Result<Self> {
+        element_size::<T>(dtype)?;
+        let len = s.len();
+        let stream = s.stream().clone();
+        let (ptr, _) = s.device_ptr_mut(&stream);
+        Ok(DeviceMut {
+            ptr,
+            len,
+            dtype,
+            _borrow: PhantomData,
+        })
+    }
+
+    /// Memory of another runtime.
+    ///
+    /// # Safety
+    /// `ptr` addresses `len` elements of `dtype` in the device's context that stay allocated,
+    /// and are not used by others, while the work queued with this view runs.
+    pub unsafe fn from_raw(ptr: CUdeviceptr, len: usize, dtype: DType) -> Self {
+        DeviceMut {
+            ptr,
+            len,
+            dtype,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the view has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+impl<'a> Workspace<'a> {
+    /// A cudarc byte buffer as the workspace.
+    pub fn new(s: &'a mut CudaSlice<u8>) -> Self {
+        let bytes = s.len();
+        let stream = s.stream().clone();
+        let (ptr, _) = s.device_ptr_mut(&stream);
+        Workspace {
+            ptr,
+            bytes,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Memory of another runtime (a `torch.empty(n, dtype=torch.uint8)` tensor).
+    ///
+    /// # Safety
+    /// `ptr` addresses `bytes` bytes in the device's context that stay allocated, and are not
+    /// used by others, while the work queued with this workspace runs.
+    pub unsafe fn from_raw(ptr: CUdeviceptr, bytes: usize) -> Self {
+        Workspace {
+            ptr,
+            bytes,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+    /// Its size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// The forward's buffers. Shapes by FLA's letters; `N` sequences, `chunks` as in
+/// [`Problem::chunks`].
+#[derive(Debug)]
+pub struct ForwardIo<'a> {
+    /// `[B, T, H, K]`, in the plan's dtype.
+    pub q: DeviceRef<'a>,
+    /// `[B, T, H, K]`, in the plan's dtype.
+    pub k: DeviceRef<'a>,
+    /// `[B, T, HV, V]`, in the plan's dtype.
+    pub v: DeviceRef<'a>,
+    /// `[B, T, HV]` f32 (the raw gate input with `gate_in_kernel`).
+    pub g: DeviceRef<'a>,
+    /// `[B, T, HV]` f32 (logits with `beta_is_logits`).
+    pub beta: DeviceRef<'a>,
+    /// `[N, HV, K, V]` f32, or `None` for zero states.
+    pub initial_state: Option<DeviceRef<'a>>,
+    /// `[HV]` f32, with `gate_in_kernel` only.
+    pub a_log: Option<DeviceRef<'a>>,
+    /// `[HV]` f32, with `gate_in_kernel` only.
+    pub dt_bias: Option<DeviceRef<'a>>,
+    /// `[B, T, HV, V]`, written, in `Options::out_dtype` or the plan's dtype.
+    pub o: DeviceMut<'a>,
+    /// `[N, HV, K, V]` f32, written (always, whatever `output_final_state` says). May be the
+    /// memory of `initial_state`.
+    pub final_state: DeviceMut<'a>,
+    /// `[chunks, HV, K, V]` f32, written: required with `output_chunk_states`, refused without.
+    pub chunk_states: Option<DeviceMut<'a>>,
+}
+
+/// The recurrent step's buffers.
+#[derive(Debug)]
+pub struct StepIo<'a> {
+    /// `[B, T, H, K]`, in the plan's dtype.
+    pub q: DeviceRef<'a>,
+    /// `[B, T, H, K]`, in the plan's dtype.
+    pub k: DeviceRef<'a>,
+    /// `[B, T, HV, V]`, in the plan's dtype.
+    pub v: DeviceRef<'a>,
+    /// `[B, T, HV]` f32.
+    pub g: DeviceRef<'a>,
+    /// `[B, T, HV]` f32.
+    pub beta: DeviceRef<'a>,
+    /// `[HV]` f32, with `gate_in_kernel` only.
+    pub a_log: Option<DeviceRef<'a>>,
+    /// `[HV]` f32, with `gate_in_kernel` only.
+    pub dt_bias: Option<DeviceRef<'a>>,
+    /// `[N, HV, K, V]` f32 (`[N, HV, V, K]` with `state_v_first`), advanced in place.
+    pub state: DeviceMut<'a>,
+    /// `[B, T, HV, V]`, written, in `Options::out_dtype` or the plan's dtype.
+    pub o: DeviceMut<'a>,
+}
+
+/// One region of the workspace: `bytes` bytes at `offset` from its start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Region {
+    pub offset: usize,
+    pub bytes: usize,
+}
+
+impl Region {
+    fn at(self, base: CUdeviceptr) -> CUdeviceptr {
+        base + self.offset as u64
+    }
+}
+
+/// Lays regions out one after the other, each aligned to [`WORKSPACE_ALIGN`].
+#[derive(Default)]
+struct Carver {
+    end: usize,
+}
+
+impl Carver {
+    /// A region of `n` f32 (empty, and taking no room, when `n` is 0).
+    fn f32s(&mut self, n: usize) -> Region {
+        let r = Region {
+            offset: self.end,
+            bytes: n * 4,
+        };
+        self.end += (n * 4).next_multiple_of(WORKSPACE_ALIGN);
+        r
+    }
+}
+
+/// Where the stage path keeps its intermediates (all f32). Regions a configuration does not
+/// need are empty.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ForwardLayout {
+    /// q, k, v widened to f32 (16-bit inputs only).
+    pub q32: Region,
+    pub k32: Region,
+    pub v32: Region,
+    /// q, k normalised (`use_qk_l2norm` only).
+    pub qn: Region,
+    pub kn: Region,
+    /// The effective gate and beta.
+    pub g: Region,
+    pub beta: Region,
+    pub gamma: Region,
+    pub lo: Region,
+    pub seg: Region,
+    pub a_strict: Region,
+    pub a_inv: Region,
+    pub w: Region,
+    pub u: Region,
+    /// The chunk states (unless the caller asks for them in `chunk_states`).
+    pub h: Region,
+    pub v_new: Region,
+    /// o in f32 (16-bit outputs only).
+    pub o32: Region,
+    /// Total bytes.
+    pub bytes: usize,
+}
+
+/// Where the recurrent step keeps its intermediates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct StepLayout {
+    pub q32: Region,
+    pub k32: Region,
+    pub v32: Region,
+    pub qn: Region,
+    pub kn: Region,
+    pub g: Region,
+    pub beta: Region,
+    pub o32: Region,
+    pub bytes: usize,
+}
+
+fn out_dtype(opts: &Options, dtype: DType) -> DType {
+    opts.out_dtype.unwrap_or(dtype)
+}
+
+pub(crate) fn forward_layout(p: &Problem, opts: &Options, dtype: DType) -> ForwardLayout {
+    let n = p.tokens() * p.v_heads();
+    let qk = p.tokens() * p.heads() * p.dk();
+    let wide = |len: usize| if dtype == DType::F32 { 0 } else { len };
+    let norm = |len: usize| if opts.use_qk_l2norm { len } else { 0 };
+    let mut c = Carver::default();
+    let mut l = ForwardLayout {
+        q32: c.f32s(wide(qk)),
+        k32: c.f32s(wide(qk)),
+        v32: c.f32s(wide(n * p.dv())),
+        qn: c.f32s(norm(qk)),
+        kn: c.f32s(norm(qk)),
+        g: c.f32s(n),
+        beta: c.f32s(n),
+        gamma: c.f32s(n),
+        lo: c.f32s(n),
+        seg: c.f32s(n),
+        a_strict: c.f32s(n * p.chunk_size()),
+        a_inv: c.f32s(n * p.chunk_size()),
+        w: c.f32s(n * p.dk()),
+        u: c.f32s(n * p.dv()),
+        h: c.f32s(if opts.output_chunk_states {
+            0
+        } else {
+            p.chunks().len() * p.v_heads() * p.state_len()
+        }),
+        v_new: c.f32s(n * p.dv()),
+        o32: c.f32s(if out_dtype(opts, dtype) == DType::F32 {
+            0
+        } else {
+            n * p.dv()
+        }),
+        bytes: 0,
+    };
+    l.bytes = c.end;
+    l
+}
+
+pub(crate) fn step_layout(p: &Problem, opts: &Options, dtype: DType) -> StepLayout {
+    let n = p.tokens() * p.v_heads();
+    let qk = p.tokens() * p.heads() * p.dk();
+    let wide = |len: usize| if dtype == DType::F32 { 0 } else { len };
+    let norm = |len: usize| if opts.use_qk_l2norm { len } else { 0 };
+    let mut c = Carver::default();
+    let mut l = StepLayout {
+        q32: c.f32s(wide(qk)),
+        k32: c.f32s(wide(qk)),
+        v32: c.f32s(wide(n * p.dv())),
+        qn: c.f32s(norm(qk)),
+        kn: c.f32s(norm(qk)),
+        g: c.f32s(n),
+        beta: c.f32s(n),
+        o32: c.f32s(if out_dtype(opts, dtype) == DType::F32 {
+            0
+        } else {
+            n * p.dv()
+        }),
+        bytes: 0,
+    };
+    l.bytes = c.end;
+    l
+}
+
+/// Workspace bytes [`Plan::forward`] needs for this problem, options and input dtype (q, k, v).
+pub fn forward_workspace_bytes(p: &Problem, opts: &Options, dtype: DType) -> usize {
+    // The fused path's need joins here (the larger of the two) once it exists.
+    forward_layout(p, opts, dtype).bytes
+}
+
+/// Workspace bytes [`Plan::recurrent_step`] needs for this problem, options and input dtype.
+pub fn step_workspace_bytes(p: &Problem, opts: &Options, dtype: DType) -> usize {
+    step_layout(p, opts, dtype).bytes
+}
+
+/// Checks one view: its dtype, its length, a non-null address when non-empty, and alignment to
+/// its element size.
+fn check_view(
+    arg: &'static str,
+    ptr: CUdeviceptr,
+    len: usize,
+    dtype: DType,
+    want_dtype: DType,
+    want_len: usize,
+) -> Result<()> {
+    if dtype != want_dtype {
+        return Err(Error::invalid(
+            arg,
+            format!("dtype {want_dtype}"),
+            format!("dtype {dtype}"),
+        ));
+    }
+    crate::error::check_len(arg, len, want_len)?;
+    if len > 0 && ptr == 0 {
+        return Err(Error::invalid(arg, "a device address", "a null pointer"));
+    }
+    if ptr % dtype.size() as u64 != 0 {
+        return Err(Error::invalid(
+            arg,
+            format!("an address aligned to {} bytes", dtype.size()),
+            format!("{ptr:#x}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_ref(arg: &'static str, v: &DeviceRef<'_>, dtype: DType, len: usize) -> Result<()> {
+    check_view(arg, v.ptr, v.len, v.dtype, dtype, len)
+}
+
+fn check_mut(arg: &'static str, v: &DeviceMut<'_>, dtype: DType, len: usize) -> Result<()> {
+    check_view(arg, v.ptr, v.len, v.dtype, dtype, len)
+}
+
+fn check_workspace(ws: &Workspace<'_>, bytes: usize) -> Result<()> {
+    if ws.bytes < bytes {
+        return Err(Error::invalid(
+            "workspace",
+            format!("at least {bytes} bytes"),
+            format!("{} bytes", ws.bytes),
+        ));
+    }
+    if bytes > 0 && ws.ptr == 0 {
+        return Err(Error::invalid(
+            "workspace",
+            "a device address",
+            "a null pointer",
+        ));
+    }
+    if ws.ptr % WORKSPACE_ALIGN as u64 != 0 {
+        return Err(Error::invalid(
+            "workspace",
+            format!("an address aligned to {WORKSPACE_ALIGN} bytes"),
+            format!("{:#x}", ws.ptr),
+        ));
+    }
+    Ok(())
+}
+
+/// The inputs every call shares: q, k, v in `dtype`, g and beta f32, and the gate parameters
+/// exactly when `gate_in_kernel` is on.
+#[allow(clippy::too_many_arguments)]
+fn check_inputs(
+    p: &Problem,
+    opts: &Options,
+    dtype: DType,
+    q: &DeviceRef<'_>,
+    k: &DeviceRef<'_>,
+    v: &DeviceRef<'_>,
+    g: &DeviceRef<'_>,
+    beta: &DeviceRef<'_>,
+    a_log: Option<&DeviceRef<'_>>,
+    dt_bias: Option<&DeviceRef<'_>>,
+) -> Result<()> {
+    let n = p.tokens() * p.v_heads();
+    let qk = p.tokens() * p.heads() * p.dk();
+    check_ref("q", q, dtype, qk)?;
+    check_ref("k", k, dtype, qk)?;
+    check_ref("v", v, dtype, n * p.dv())?;
+    check_ref("g", g, DType::F32, n)?;
+    check_ref("beta", beta, DType::F32, n)?;
+    for (arg, t) in [("A_log", a_log), ("dt_bias", dt_bias)] {
+        match (t, opts.gate_in_kernel) {
+            (Some(_), false) => {
+                return Err(Error::invalid(
+                    arg,
+                    "none unless gate_in_kernel is on",
+                    "a buffer",
+                ))
+            }
+            (None, true) => {
+                return Err(Error::invalid(
+                    arg,
+                    format!(
+                        "a [HV] = [{}] f32 buffer (gate_in_kernel is on)",
+                        p.v_heads()
+                    ),
+                    "none",
+                ))
+            }
+            (Some(t), true) => check_ref(arg, t, DType::F32, p.v_heads())?,
+            (None, false) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Validates a forward call against the problem, options and dtype, before anything is queued.
+pub(crate) fn check_forward(
+    p: &Problem,
+    opts: &Options,
+    dtype: DType,
+    io: &ForwardIo<'_>,
+    ws: &Workspace<'_>,
+) -> Result<()> {
+    if opts.state_v_first {
+        return Err(Error::invalid(
+            "state_v_first",
+            "false: the device-resident forward keeps states [N, HV, K, V]",
+            "true",
+        ));
+    }
+    check_inputs(
+        p,
+        opts,
+        dtype,
+        &io.q,
+        &io.k,
+        &io.v,
+        &io.g,
+        &io.beta,
+        io.a_log.as_ref(),
+        io.dt_bias.as_ref(),
+    )?;
+    let states = p.num_seqs() * p.v_heads() * p.state_len();
+    if let Some(s) = &io.initial_state {
+        check_ref("initial_state", s, DType::F32, states)?;
+    }
+    check_mut(
+        "o",
+        &io.o,
+        out_dtype(opts, dtype),
+        p.tokens() * p.v_heads() * p.dv(),
+    )?;
+    check_mut("final_state", &io.final_state, DType::F32, states)?;
+    match (&io.chunk_states, opts.output_chunk_states) {
+        (Some(h), true) => check_mut(
+            "chunk_states",
+            h,
+            DType::F32,
+            p.chunks().len() * p.v_heads() * p.state_len(),
+        )?,
+        (None, true) => {
+            return Err(Error::invalid(
+                "chunk_states",
+                "a [chunks, HV, K, V] f32 buffer (output_chunk_states is on)",
+                "none",
+            ))
+        }
+        (Some(_), false) => {
+            return Err(Error::invalid(
+                "chunk_states",
+                "none unless output_chunk_states is on",
+                "a buffer",
+            ))
+        }
+        (None, false) => {}
+    }
+    check_workspace(ws, forward_workspace_bytes(p, opts, dtype))
+}
+
+/// Validates a recurrent step against the problem, options and dtype.
+pub(crate) fn check_step(
+    p: &Problem,
+    opts: &Options,
+    dtype: DType,
+    io: &StepIo<'_>,
+    ws: &Workspace<'_>,
+) -> Result<()> {
+    check_inputs(
+        p,
+        opts,
+        dtype,
+        &io.q,
+        &io.k,
+        &io.v,
+        &io.g,
+        &io.beta,
+        io.a_log.as_ref(),
+        io.dt_bias.as_ref(),
+    )?;
+    check_mut(
+        "state",
+        &io.state,
+        DType::F32,
+        p.num_seqs() * p.v_heads() * p.state_len(),
+    )?;
+    check_mut(
+        "o",
+        &io.o,
+        out_dtype(opts, dtype),
+        p.tokens() * p.v_heads() * p.dv(),
+    )?;
+    check_workspace(ws, step_workspace_bytes(p, opts, dtype))
+}
+
+/// A problem shape made ready for the device: validated, its kernels loaded, its tables in
+/// device memory the plan owns. Make one per (problem, options, input dtype), outside the hot
+/// path and outside any graph capture; then [`Plan::forward`] and [`Plan::recurrent_step`] only
+/// queue work.
+pub struct Plan {
+    dev: Arc<CudaDevice>,
+    p: Problem,
+    opts: Options,
+    dtype: DType,
+    tables: Tables,
+    forward: ForwardLayout,
+    step: StepLayout,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("device", &self.dev.name())
+            .field("dims", &self.p.dims())
+            .field("dtype", &self.dtype)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plan {
+    /// Prepares `p` and `opts` with q, k, v in `dtype` on `dev`: compiles and loads the kernels
+    /// (NVRTC on first use in the process), and uploads the chunk and sequence tables (a
+    /// host-to-device copy on the device's stream).
+    pub fn new(dev: Arc<CudaDevice>, p: &Problem, opts: &Options, dtype: DType) -> Result<Plan> {
+        opts.validate()?;
+        if p.chunk_size() != opts.chunk_size || p.head_map() != opts.head_map {
+            return Err(Error::invalid(
+                "opts",
+                format!(
+                    "the options the problem was built with (chunk_size {}, head_map {:?})",
+                    p.chunk_size(),
+                    p.head_map()
+                ),
+                format!(
+                    "chunk_size {}, head_map {:?}",
+                    opts.chunk_size, opts.head_map
+                ),
+            ));
+        }
+        // K too large for this GPU's shared memory is refused here, not in the hot path.
+        chunk_state::tiling(p, dev.max_shared_per_block())?;
+        for kernel in Kernel::ALL {
+            dev.function(kernel, Some(p.chunk_size()))?;
+        }
+        let tables = dev.upload_tables(p)?;
+        Ok(Plan {
+            forward: forward_layout(p, opts, dtype),
+            step: step_layout(p, opts, dtype),
+            dev,
+            p: p.clone(),
+            opts: opts.clone(),
+            dtype,
+            tables,
+        })
+    }
+
+    /// The device the plan queues work on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.dev
+    }
+
+    /// The problem the plan is for.
+    pub fn problem(&self) -> &Problem {
+        &self.p
+    }
+
+    /// Workspace bytes [`Plan::forward`] needs.
+    pub fn forward_workspace_bytes(&self) -> usize {
+        forward_workspace_bytes(&self.p, &self.opts, self.dtype)
+    }
+
+    /// Workspace bytes [`Plan::recurrent_step`] needs.
+    pub fn step_workspace_bytes(&self) -> usize {
+        self.step.bytes
+    }
+
+    /// q, k, v as f32 (widened into the workspace when 16-bit), then normalised with
+    /// `use_qk_l2norm`. Returns the addresses of q, k, v the next stages read.
+    ///
+    /// # Safety
+    /// The views and regions were validated against the plan.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn prologue(
+        &self,
+        base: CUdeviceptr,
+        (q, k, v): (&DeviceRef<'_>, &DeviceRef<'_>, &DeviceRef<'_>),
+        (q32, k32, v32, qn, kn): (Region, Region, Region, Region, Region),
+    ) -> Result<(CUdeviceptr, CUdeviceptr, CUdeviceptr)> {
+        let dev = &*self.dev;
+        let p = &self.p;
+        let widen = |x: &DeviceRef<'_>, r: Region| -> Result<CUdeviceptr> {
+            if self.dtype == DType::F32 {
+                return Ok(x.ptr);
+            }
+            // SAFETY: x holds x.len elements of the plan's dtype; r holds as many f32.
+            unsafe { cast::widen(dev, self.dtype, x.ptr, r.at(base), x.len) }?;
+            Ok(r.at(base))
+        };
+        let (q, k, v) = (widen(q, q32)?, widen(k, k32)?, widen(v, v32)?);
+        if !self.opts.use_qk_l2norm {
+            return Ok((q, k, v));
+        }
+        let rows = p.tokens() * p.heads();
+        // SAFETY: q, k and the regions hold rows * K f32.
+        unsafe {
+            l2norm::launch(dev, q, qn.at(base), rows, p.dk())?;
+            l2norm::launch(dev, k, kn.at(base), rows, p.dk())?;
+        }
+        Ok((qn.at(base), kn.at(base), v))
+    }
+
+    /// The effective gate and beta into `g_out`, `beta_out`.
+    ///
+    /// # Safety
+    /// The views and regions were validated against the plan.
+    unsafe fn gate(
+        &self,
+        (g, beta, a_log, dt_bias): (
+            &DeviceRef<'_>,
+            &DeviceRef<'_>,
+            Option<&DeviceRef<'_>>,
+            Option<&DeviceRef<'_>>,
+        ),
+        g_out: CUdeviceptr,
+        beta_out: CUdeviceptr,
+    ) -> Result<()> {
+        let params = gate::Params {
+            g: g.ptr,
+            beta: beta.ptr,
+            a_log: a_log.map_or(0, |x| x.ptr),
+            dt_bias: dt_bias.map_or(0, |x| x.ptr),
+            g_out,
+            beta_out,
+            ..gate::Params::dims(&self.p, &self.opts)
+        };
+        // SAFETY: validated lengths; A_log and dt_bias present exactly with gate_in_kernel.
+        unsafe { gate::launch(&self.dev, &params) }
+    }
+
+    /// The chunked forward: reads `io`'s inputs, writes `o`, `final_state` and, with
+    /// `output_chunk_states`, `chunk_states`; intermediates live in `workspace` (at least
+    /// [`Plan::forward_workspace_bytes`]). Every argument is checked first (`Err` naming it);
+    /// then the work is queued on the device's stream and the call returns without waiting.
+    /// States are K-major (`state_v_first` is refused).
+    pub fn forward(&self, io: ForwardIo<'_>, workspace: Workspace<'_>) -> Result<()> {
+        let (p, opts, dev) = (&self.p, &self.opts, &*self.dev);
+        check_forward(p, opts, self.dtype, &io, &workspace)?;
+        // Fused dispatch: where the fused path supports (p, opts), it runs here instead of the
+        // stages below, over the same validated addresses (and `forward_workspace_bytes` takes
+        // the larger of the two paths' needs).
+        let base = workspace.ptr;
+        let l = &self.forward;
+        let t = self.tables.ptrs();
+        // SAFETY (every block below): each address is a validated caller view or a region of the
+        // validated workspace sized by `forward_layout` for this plan; tables are the plan's.
+        let (q, k, v) = unsafe {
+            self.prologue(
+                base,
+                (&io.q, &io.k, &io.v),
+                (l.q32, l.k32, l.v32, l.qn, l.kn),
+            )
+        }?;
+        let (g, beta) = (l.g.at(base), l.beta.at(base));
+        unsafe {
+            self.gate(
+                (&io.g, &io.beta, io.a_log.as_ref(), io.dt_bias.as_ref()),
+                g,
+                beta,
+            )
+        }?;
+        let gamma = GammaPtrs {
+            gamma: l.gamma.at(base),
+            lo: l.lo.at(base),
+            seg: l.seg.at(base),
+        };
+        let params = cumsum::Params {
+            g,
+            gamma,
+            ..cumsum::Params::dims(p, &t)
+        };
+        unsafe { cumsum::launch(dev, p, &params) }?;
+        let a_strict = l.a_strict.at(base);
+        let params = kkt::Params {
+            k,
+            beta,
+            gamma,
+            a_strict,
+            ..kkt::Params::dims(p, &t)
+        };
+        unsafe { kkt::launch(dev, p, &params) }?;
+        let a_inv = l.a_inv.at(base);
+        let params = solve_tril::Params {
+            a_strict,
+            a_inv,
+            ..solve_tril::Params::dims(p, &t)
+        };
+        unsafe { solve_tril::launch(dev, p, &params) }?;
+        let (w, u) = (l.w.at(base), l.u.at(base));
+        let params = wy::Params {
+            k,
+            v,
+            beta,
+            gamma,
+            a_inv,
+            w,
+            u,
+            ..wy::Params::dims(p, &t)
+        };
+        unsafe { wy::launch(dev, p, &params) }?;
+        let h = io.chunk_states.as_ref().map_or(l.h.at(base), |h| h.ptr);
+        let v_new = l.v_new.at(base);
+        let params = chunk_state::Params {
+            k,
+            w,
+            u,
+            gamma,
+            h0: io.initial_state.as_ref().map_or(0, |s| s.ptr),
+            h,
+            v_new,
+            final_state: io.final_state.ptr,
+            ..chunk_state::Params::dims(p, &t)
+        };
+        unsafe { chunk_state::launch(dev, p, &params) }?;
+        let o_dtype = out_dtype(opts, self.dtype);
+        let o32 = if o_dtype == DType::F32 {
+            io.o.ptr
+        } else {
+            l.o32.at(base)
+        };
+        let params = chunk_output::Params {
+            q,
+            k,
+            v_new,
+            h,
+            gamma,
+            o: o32,
+            ..chunk_output::Params::dims(p, &t, opts.scale_for(p.dk()))
+        };
+        unsafe { chunk_output::launch(dev, p, &params) }?;
+        if o_dtype != DType::F32 {
+            unsafe { cast::narrow(dev, o_dtype, o32, io.o.ptr, io.o.len) }?;
+        }
+        Ok(())
+    }
+
+    /// The recurrent (decode) step: advances `io.state` in place through the tokens of `io`
+    /// and writes `o`; intermediates live in `workspace` (at least
+    /// [`Plan::step_workspace_bytes`]). Checked first, then queued without waiting.
+    pub fn recurrent_step(&self, io: StepIo<'_>, workspace: Workspace<'_>) -> Result<()> {
+        let (p, opts, dev) = (&self.p, &self.opts, &*self.dev);
+        check_step(p, opts, self.dtype, &io, &workspace)?;
+        let base = workspace.ptr;
+        let l = &self.step;
+        // SAFETY (every block below): as in `forward`.
+        let (q, k, v) = unsafe {
+            self.prologue(
+                base,
+                (&io.q, &io.k, &io.v),
+                (l.q32, l.k32, l.v32, l.qn, l.kn),
+            )
+        }?;
+        let (g, beta) = (l.g.at(base), l.beta.at(base));
+        unsafe {
+            self.gate(
+                (&io.g, &io.beta, io.a_log.as_ref(), io.dt_bias.as_ref()),
+                g,
+                beta,
+            )
+        }?;
+        let o_dtype = out_dtype(opts, self.dtype);
+        let o32 = if o_dtype == DType::F32 {
+            io.o.ptr
+        } else {
+            l.o32.at(base)
+        };
+        let params = recurrent::Params {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            state: io.state.ptr,
+            o: o32,
+            ..recurrent::Params::dims(p, &self.tables.ptrs(), opts.scale_for(p.dk()))
+        };
+        unsafe { recurrent::launch(dev, p, opts.state_v_first, &params) }?;
+        if o_dtype != DType::F32 {
+            unsafe { cast::narrow(dev, o_dtype, o32, io.o.ptr, io.o.len) }?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,78 @@
+//! The stage-by-stage GPU path: one kernel per stage, the same stages and file names as
+//! `src/cpu/stages/`. It is the reference the fused kernels are tested against.
+//!
+//! Each stage has a `#[repr(C)]` params struct mirrored field by field in its source under
+//! `src/cuda/kernels/` (pointers are [`CUdeviceptr`]s), and an `unsafe fn launch` that fills the
+//! dimensions from the [`Problem`] and queues the kernel on the device's stream. Launchers read
+//! and write raw device memory only, so the same code serves the [`crate::Backend`] impl (which
+//! allocates the outputs first) and the engine API (which carves them from a caller's
+//! workspace). Nothing here allocates or waits for the host.
+
+pub(crate) mod cast;
+pub(crate) mod chunk_output;
+pub(crate) mod chunk_state;
+pub(crate) mod cumsum;
+pub(crate) mod gate;
+pub(crate) mod kkt;
+pub(crate) mod l2norm;
+pub(crate) mod recurrent;
+pub(crate) mod solve_tril;
+pub(crate) mod wy;
+
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::LaunchConfig;
+
+use crate::options::HeadMap;
+use crate::problem::Problem;
+
+/// Blocks per launch at most; kernels loop over the work items beyond it, so no item count hits
+/// a grid limit (the x dimension alone is used).
+const MAX_BLOCKS: usize = 1 << 22;
+
+/// The three arrays of a [`crate::Gamma`] (`GammaIn` in `common.cuh`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GammaPtrs {
+    pub gamma: CUdeviceptr,
+    pub lo: CUdeviceptr,
+    pub seg: CUdeviceptr,
+}
+
+/// The chunk table (`Chunks` in `common.cuh`): chunk c covers the flat tokens
+/// `start[c] .. start[c] + len[c]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ChunkTable {
+    pub start: CUdeviceptr,
+    pub len: CUdeviceptr,
+    pub count: i64,
+}
+
+/// A problem's tables on the device (i64 arrays), by address.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TablePtrs {
+    pub chunks: ChunkTable,
+    /// Index of each sequence's first chunk, plus the total (`N + 1` entries).
+    pub seq_first_chunk: CUdeviceptr,
+    /// First flat token of each sequence, plus the total (`N + 1` entries).
+    pub seq_start: CUdeviceptr,
+}
+
+/// A 1-D launch of `blocks` blocks (clamped to `1..=MAX_BLOCKS`) of `threads` threads.
+pub(crate) fn cfg(blocks: usize, threads: u32, shared_mem_bytes: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks.clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes,
+    }
+}
+
+/// `1` for the tiled head map, `0` for grouped (the kernels' `tiled` flag).
+pub(crate) fn tiled(p: &Problem) -> i32 {
+    i32::from(p.head_map() == HeadMap::Tiled)
+}
+
+/// i64 of a size (every size fits: [`Problem`] bounds element counts by `isize::MAX / 8`).
+pub(crate) fn i(x: usize) -> i64 {
+    x as i64
+}
