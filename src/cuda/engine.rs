@@ -979,3 +979,303 @@ impl Plan {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::Dims;
+
+    fn problem(opts: &Options) -> Problem {
+        let dims = Dims {
+            batch: 1,
+            seq_len: 5,
+            heads: 1,
+            v_heads: 2,
+            dk: 4,
+            dv: 3,
+        };
+        Problem::new(dims, None, opts).unwrap()
+    }
+
+    fn small() -> Options {
+        Options {
+            chunk_size: 16,
+            ..Options::default()
+        }
+    }
+
+    /// The regions of a layout, in order.
+    fn regions(l: &ForwardLayout) -> Vec<Region> {
+        vec![
+            l.q32, l.k32, l.v32, l.qn, l.kn, l.g, l.beta, l.gamma, l.lo, l.seg, l.a_strict,
+            l.a_inv, l.w, l.u, l.h, l.v_new, l.o32,
+        ]
+    }
+
+    #[test]
+    fn forward_workspace_by_hand() {
+        // T = 5 tokens, HV = 2: n = 10 (token, value head) pairs; BT = 16, K = 4, V = 3, one
+        // chunk. g, beta, gamma, lo, seg: 40 bytes each, one 256-byte slot each; A_strict and
+        // A_inv: 160 floats = 640 bytes, 768 each; w 160 bytes, u 120, h 1 * 2 * 12 * 4 = 96,
+        // v_new 120: one slot each.
+        let opts = small();
+        let p = problem(&opts);
+        assert_eq!(
+            forward_workspace_bytes(&p, &opts, DType::F32),
+            5 * 256 + 2 * 768 + 4 * 256
+        );
+        // bf16 inputs add q, k (20 floats) and v (30) in f32, and o (30) in f32 for the bf16
+        // output: four more slots.
+        assert_eq!(
+            forward_workspace_bytes(&p, &opts, DType::BF16),
+            5 * 256 + 2 * 768 + 4 * 256 + 4 * 256
+        );
+        // An f32 output of bf16 inputs needs no o32; l2norm adds two slots.
+        let o = Options {
+            out_dtype: Some(DType::F32),
+            use_qk_l2norm: true,
+            ..small()
+        };
+        assert_eq!(
+            forward_workspace_bytes(&p, &o, DType::BF16),
+            5 * 256 + 2 * 768 + 4 * 256 + 3 * 256 + 2 * 256
+        );
+        // With output_chunk_states the caller holds h.
+        let o = Options {
+            output_chunk_states: true,
+            ..small()
+        };
+        assert_eq!(
+            forward_workspace_bytes(&p, &o, DType::F32),
+            5 * 256 + 2 * 768 + 3 * 256
+        );
+    }
+
+    #[test]
+    fn step_workspace_by_hand() {
+        let opts = small();
+        let p = problem(&opts);
+        // g and beta only.
+        assert_eq!(step_workspace_bytes(&p, &opts, DType::F32), 2 * 256);
+        // f16: q, k, v and o widened; l2norm: qn, kn.
+        let o = Options {
+            use_qk_l2norm: true,
+            ..small()
+        };
+        assert_eq!(step_workspace_bytes(&p, &o, DType::F16), 8 * 256);
+    }
+
+    #[test]
+    fn regions_are_aligned_disjoint_and_within_the_total() {
+        for dtype in [DType::F32, DType::BF16] {
+            for l2 in [false, true] {
+                let opts = Options {
+                    use_qk_l2norm: l2,
+                    chunk_size: 64,
+                    ..Options::default()
+                };
+                let dims = Dims {
+                    batch: 3,
+                    seq_len: 77,
+                    heads: 2,
+                    v_heads: 6,
+                    dk: 40,
+                    dv: 24,
+                };
+                let p = Problem::new(dims, None, &opts).unwrap();
+                let l = forward_layout(&p, &opts, dtype);
+                let mut end = 0;
+                for r in regions(&l) {
+                    assert_eq!(r.offset % WORKSPACE_ALIGN, 0);
+                    assert!(r.offset >= end, "{l:?}");
+                    end = r.offset + r.bytes;
+                }
+                assert!(end <= l.bytes);
+                let n = p.tokens() * p.v_heads();
+                assert_eq!(l.a_inv.bytes, n * 64 * 4);
+                assert_eq!(l.h.bytes, p.chunks().len() * 6 * 40 * 24 * 4);
+                assert_eq!(l.q32.bytes > 0, dtype != DType::F32);
+                assert_eq!(l.kn.bytes > 0, l2);
+            }
+        }
+    }
+
+    /// Views at made-up addresses: only the checks read them.
+    fn view(ptr: u64, len: usize, dtype: DType) -> DeviceRef<'static> {
+        // SAFETY: never dereferenced (the checks compare numbers).
+        unsafe { DeviceRef::from_raw(ptr, len, dtype) }
+    }
+
+    fn view_mut(ptr: u64, len: usize, dtype: DType) -> DeviceMut<'static> {
+        // SAFETY: as `view`.
+        unsafe { DeviceMut::from_raw(ptr, len, dtype) }
+    }
+
+    fn io(p: &Problem, dtype: DType) -> ForwardIo<'static> {
+        let n = p.tokens() * p.v_heads();
+        let qk = p.tokens() * p.heads() * p.dk();
+        let states = p.num_seqs() * p.v_heads() * p.state_len();
+        ForwardIo {
+            q: view(0x1000, qk, dtype),
+            k: view(0x2000, qk, dtype),
+            v: view(0x3000, n * p.dv(), dtype),
+            g: view(0x4000, n, DType::F32),
+            beta: view(0x5000, n, DType::F32),
+            initial_state: Some(view(0x6000, states, DType::F32)),
+            a_log: None,
+            dt_bias: None,
+            o: view_mut(0x7000, n * p.dv(), dtype),
+            final_state: view_mut(0x6000, states, DType::F32),
+            chunk_states: None,
+        }
+    }
+
+    fn ws(bytes: usize) -> Workspace<'static> {
+        // SAFETY: as `view`.
+        unsafe { Workspace::from_raw(0x10_0000, bytes) }
+    }
+
+    /// The argument an `Err` names.
+    fn arg(r: Result<()>) -> &'static str {
+        match r {
+            Err(Error::Invalid { arg, .. }) => arg,
+            other => panic!("expected an invalid-argument error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn forward_checks_name_the_argument() {
+        let opts = small();
+        let p = problem(&opts);
+        let bytes = forward_workspace_bytes(&p, &opts, DType::BF16);
+        // A valid call (final_state may be initial_state's memory).
+        check_forward(&p, &opts, DType::BF16, &io(&p, DType::BF16), &ws(bytes)).unwrap();
+
+        let mut x = io(&p, DType::BF16);
+        x.q = view(0x1000, 19, DType::BF16);
+        assert_eq!(arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))), "q");
+        let mut x = io(&p, DType::BF16);
+        x.k = view(0x2000, 20, DType::F16);
+        let e = check_forward(&p, &opts, DType::BF16, &x, &ws(bytes)).unwrap_err();
+        assert_eq!(e.to_string(), "k: expected dtype bf16, got dtype f16");
+        let mut x = io(&p, DType::BF16);
+        x.v = view(0, 30, DType::BF16);
+        assert_eq!(arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))), "v");
+        let mut x = io(&p, DType::BF16);
+        x.g = view(0x4000, 10, DType::BF16);
+        assert_eq!(arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))), "g");
+        let mut x = io(&p, DType::BF16);
+        x.beta = view(0x5001, 10, DType::F32);
+        assert_eq!(arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))), "beta");
+        let mut x = io(&p, DType::BF16);
+        x.initial_state = Some(view(0x6000, 23, DType::F32));
+        assert_eq!(
+            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
+            "initial_state"
+        );
+        let mut x = io(&p, DType::BF16);
+        x.o = view_mut(0x7000, 30, DType::F32);
+        assert_eq!(arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))), "o");
+        let mut x = io(&p, DType::BF16);
+        x.final_state = view_mut(0x6000, 25, DType::F32);
+        assert_eq!(
+            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
+            "final_state"
+        );
+        let mut x = io(&p, DType::BF16);
+        x.a_log = Some(view(0x8000, 2, DType::F32));
+        assert_eq!(arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))), "A_log");
+        let x = io(&p, DType::BF16);
+        let e = check_forward(&p, &opts, DType::BF16, &x, &ws(bytes - 1)).unwrap_err();
+        assert!(e.to_string().starts_with("workspace: expected at least"), "{e}");
+        // SAFETY: as `view`.
+        let misaligned = unsafe { Workspace::from_raw(0x10_0010, bytes) };
+        assert_eq!(
+            arg(check_forward(&p, &opts, DType::BF16, &x, &misaligned)),
+            "workspace"
+        );
+    }
+
+    #[test]
+    fn forward_checks_follow_the_options() {
+        let gate = Options {
+            gate_in_kernel: true,
+            ..small()
+        };
+        let p = problem(&gate);
+        let bytes = forward_workspace_bytes(&p, &gate, DType::F32);
+        let x = io(&p, DType::F32);
+        assert_eq!(arg(check_forward(&p, &gate, DType::F32, &x, &ws(bytes))), "A_log");
+        let mut x = io(&p, DType::F32);
+        x.a_log = Some(view(0x8000, 2, DType::F32));
+        x.dt_bias = Some(view(0x9000, 3, DType::F32));
+        assert_eq!(
+            arg(check_forward(&p, &gate, DType::F32, &x, &ws(bytes))),
+            "dt_bias"
+        );
+        x.dt_bias = Some(view(0x9000, 2, DType::F32));
+        check_forward(&p, &gate, DType::F32, &x, &ws(bytes)).unwrap();
+
+        let h = Options {
+            output_chunk_states: true,
+            ..small()
+        };
+        let bytes = forward_workspace_bytes(&p, &h, DType::F32);
+        let mut x = io(&p, DType::F32);
+        assert_eq!(
+            arg(check_forward(&p, &h, DType::F32, &x, &ws(bytes))),
+            "chunk_states"
+        );
+        x.chunk_states = Some(view_mut(0xa000, 24, DType::F32));
+        check_forward(&p, &h, DType::F32, &x, &ws(bytes)).unwrap();
+        assert_eq!(
+            arg(check_forward(&p, &small(), DType::F32, &x, &ws(bytes * 2))),
+            "chunk_states"
+        );
+
+        let vk = Options {
+            state_v_first: true,
+            ..small()
+        };
+        let x = io(&p, DType::F32);
+        assert_eq!(
+            arg(check_forward(&p, &vk, DType::F32, &x, &ws(bytes * 2))),
+            "state_v_first"
+        );
+    }
+
+    #[test]
+    fn step_checks_name_the_argument() {
+        let opts = Options {
+            state_v_first: true,
+            out_dtype: Some(DType::F32),
+            ..small()
+        };
+        let p = problem(&opts);
+        let bytes = step_workspace_bytes(&p, &opts, DType::F16);
+        let step = |state_len: usize, o_dtype: DType| StepIo {
+            q: view(0x1000, 20, DType::F16),
+            k: view(0x2000, 20, DType::F16),
+            v: view(0x3000, 30, DType::F16),
+            g: view(0x4000, 10, DType::F32),
+            beta: view(0x5000, 10, DType::F32),
+            a_log: None,
+            dt_bias: None,
+            state: view_mut(0x6000, state_len, DType::F32),
+            o: view_mut(0x7000, 30, o_dtype),
+        };
+        check_step(&p, &opts, DType::F16, &step(24, DType::F32), &ws(bytes)).unwrap();
+        assert_eq!(
+            arg(check_step(&p, &opts, DType::F16, &step(12, DType::F32), &ws(bytes))),
+            "state"
+        );
+        assert_eq!(
+            arg(check_step(&p, &opts, DType::F16, &step(24, DType::F16), &ws(bytes))),
+            "o"
+        );
+        assert_eq!(
+            arg(check_step(&p, &opts, DType::BF16, &step(24, DType::F32), &ws(bytes))),
+            "q"
+        );
+    }
+}
