@@ -214,8 +214,7 @@ fn host_inputs(c: &Case, seed: u64) -> Host {
         );
         if o.gate_in_kernel {
             x.a_log = Some(Tensor::from_f32(rng.vec(v_heads, -1.0, 0.5), vec![v_heads]).unwrap());
-            x.dt_bias =
-                Some(Tensor::from_f32(rng.vec(v_heads, -0.5, 0.5), vec![v_heads]).unwrap());
+            x.dt_bias = Some(Tensor::from_f32(rng.vec(v_heads, -0.5, 0.5), vec![v_heads]).unwrap());
         }
         x
     };
@@ -231,11 +230,7 @@ fn host_inputs(c: &Case, seed: u64) -> Host {
         );
     }
     let decode = make(&mut rng, n, 1);
-    Host {
-        prefill,
-        decode,
-        n,
-    }
+    Host { prefill, decode, n }
 }
 
 /// Everything the engine owns for one case: inputs, outputs, workspaces and the two plans.
@@ -515,7 +510,10 @@ fn gpu_16_bit_output_is_the_f32_output_rounded() {
         let mut narrow = Engine::new(&stream, &dev, &narrow_case, &h);
         narrow.queue().unwrap();
         let narrow_out = narrow.outputs();
-        for (got, want) in [(&narrow_out[0], &wide_out[0]), (&narrow_out[2], &wide_out[1])] {
+        for (got, want) in [
+            (&narrow_out[0], &wide_out[0]),
+            (&narrow_out[2], &wide_out[1]),
+        ] {
             let want = Tensor::cast_from_f32(want, vec![want.len()], narrow_case.dtype).unwrap();
             let want: Vec<u32> = want
                 .as_bytes()
@@ -545,7 +543,10 @@ fn gpu_raw_stream_runs_like_a_cudarc_stream() {
     let raw = Arc::new(unsafe { CudaDevice::from_raw_stream(0, stream.cu_stream()) }.unwrap());
     let mut r = Engine::new(&stream, &raw, c, &h);
     r.queue().unwrap();
-    assert!(r.outputs() == want, "a raw-stream device computes otherwise");
+    assert!(
+        r.outputs() == want,
+        "a raw-stream device computes otherwise"
+    );
 
     // A short workspace is refused before anything is queued, naming it.
     let mut small = stream.alloc_zeros::<u8>(16).unwrap();
@@ -649,7 +650,11 @@ fn cases_are_valid_and_their_cpu_answers_finite() {
         assert_eq!(p.num_seqs(), h.n, "{}", c.name);
         assert_eq!((ps.num_seqs(), ps.tokens()), (h.n, h.n), "{}", c.name);
         for (name, x) in NAMES.iter().zip(cpu_answer(c, &h)) {
-            assert!(!x.is_empty() && x.iter().all(|v| v.is_finite()), "{}: {name}", c.name);
+            assert!(
+                !x.is_empty() && x.iter().all(|v| v.is_finite()),
+                "{}: {name}",
+                c.name
+            );
         }
     }
 }

@@ -1153,20 +1153,32 @@ mod tests {
 
         let mut x = io(&p, DType::BF16);
         x.q = view(0x1000, 19, DType::BF16);
-        assert_eq!(arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))), "q");
+        assert_eq!(
+            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
+            "q"
+        );
         let mut x = io(&p, DType::BF16);
         x.k = view(0x2000, 20, DType::F16);
         let e = check_forward(&p, &opts, DType::BF16, &x, &ws(bytes)).unwrap_err();
         assert_eq!(e.to_string(), "k: expected dtype bf16, got dtype f16");
         let mut x = io(&p, DType::BF16);
         x.v = view(0, 30, DType::BF16);
-        assert_eq!(arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))), "v");
+        assert_eq!(
+            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
+            "v"
+        );
         let mut x = io(&p, DType::BF16);
         x.g = view(0x4000, 10, DType::BF16);
-        assert_eq!(arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))), "g");
+        assert_eq!(
+            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
+            "g"
+        );
         let mut x = io(&p, DType::BF16);
         x.beta = view(0x5001, 10, DType::F32);
-        assert_eq!(arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))), "beta");
+        assert_eq!(
+            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
+            "beta"
+        );
         let mut x = io(&p, DType::BF16);
         x.initial_state = Some(view(0x6000, 23, DType::F32));
         assert_eq!(
@@ -1175,7 +1187,10 @@ mod tests {
         );
         let mut x = io(&p, DType::BF16);
         x.o = view_mut(0x7000, 30, DType::F32);
-        assert_eq!(arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))), "o");
+        assert_eq!(
+            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
+            "o"
+        );
         let mut x = io(&p, DType::BF16);
         x.final_state = view_mut(0x6000, 25, DType::F32);
         assert_eq!(
@@ -1184,10 +1199,16 @@ mod tests {
         );
         let mut x = io(&p, DType::BF16);
         x.a_log = Some(view(0x8000, 2, DType::F32));
-        assert_eq!(arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))), "A_log");
+        assert_eq!(
+            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
+            "A_log"
+        );
         let x = io(&p, DType::BF16);
         let e = check_forward(&p, &opts, DType::BF16, &x, &ws(bytes - 1)).unwrap_err();
-        assert!(e.to_string().starts_with("workspace: expected at least"), "{e}");
+        assert!(
+            e.to_string().starts_with("workspace: expected at least"),
+            "{e}"
+        );
         // SAFETY: as `view`.
         let misaligned = unsafe { Workspace::from_raw(0x10_0010, bytes) };
         assert_eq!(
@@ -1205,7 +1226,10 @@ mod tests {
         let p = problem(&gate);
         let bytes = forward_workspace_bytes(&p, &gate, DType::F32);
         let x = io(&p, DType::F32);
-        assert_eq!(arg(check_forward(&p, &gate, DType::F32, &x, &ws(bytes))), "A_log");
+        assert_eq!(
+            arg(check_forward(&p, &gate, DType::F32, &x, &ws(bytes))),
+            "A_log"
+        );
         let mut x = io(&p, DType::F32);
         x.a_log = Some(view(0x8000, 2, DType::F32));
         x.dt_bias = Some(view(0x9000, 3, DType::F32));
@@ -1266,15 +1290,33 @@ mod tests {
         };
         check_step(&p, &opts, DType::F16, &step(24, DType::F32), &ws(bytes)).unwrap();
         assert_eq!(
-            arg(check_step(&p, &opts, DType::F16, &step(12, DType::F32), &ws(bytes))),
+            arg(check_step(
+                &p,
+                &opts,
+                DType::F16,
+                &step(12, DType::F32),
+                &ws(bytes)
+            )),
             "state"
         );
         assert_eq!(
-            arg(check_step(&p, &opts, DType::F16, &step(24, DType::F16), &ws(bytes))),
+            arg(check_step(
+                &p,
+                &opts,
+                DType::F16,
+                &step(24, DType::F16),
+                &ws(bytes)
+            )),
             "o"
         );
         assert_eq!(
-            arg(check_step(&p, &opts, DType::BF16, &step(24, DType::F32), &ws(bytes))),
+            arg(check_step(
+                &p,
+                &opts,
+                DType::BF16,
+                &step(24, DType::F32),
+                &ws(bytes)
+            )),
             "q"
         );
     }
