@@ -462,7 +462,8 @@ pub(crate) fn step_layout(p: &Problem, opts: &Options, dtype: DType) -> StepLayo
 
 /// Workspace bytes [`Plan::forward`] needs for this problem, options and input dtype (q, k, v).
 pub fn forward_workspace_bytes(p: &Problem, opts: &Options, dtype: DType) -> usize {
-    // The fused path's need joins here (the larger of the two) once it exists.
+    // FUSED DISPATCH: the larger of this and `fused::workspace_bytes(p, opts)` once the fused
+    // path exists (see `Plan::forward`).
     forward_layout(p, opts, dtype).bytes
 }
 
@@ -834,9 +835,10 @@ impl Plan {
     pub fn forward(&self, io: ForwardIo<'_>, workspace: Workspace<'_>) -> Result<()> {
         let (p, opts, dev) = (&self.p, &self.opts, &*self.dev);
         check_forward(p, opts, self.dtype, &io, &workspace)?;
-        // Fused dispatch: where the fused path supports (p, opts), it runs here instead of the
-        // stages below, over the same validated addresses (and `forward_workspace_bytes` takes
-        // the larger of the two paths' needs).
+        // FUSED DISPATCH. Where `fused::supported(p, opts)`, the fused path runs here instead of
+        // the stages below and returns: `fused::forward(dev, p, opts, &io)` over the validated
+        // addresses of `io` (`DeviceRef::ptr`, `DeviceMut::ptr`) and of `workspace`, with
+        // `forward_workspace_bytes` taking the larger of the two paths' needs.
         let base = workspace.ptr;
         let l = &self.forward;
         let t = self.tables.ptrs();

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr, CUfunction_attribute, CUstream};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
-    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    LaunchConfig, ValidAsZeroBits,
 };
 
 use crate::error::{Error, Result};
@@ -285,11 +285,24 @@ impl CudaDevice {
             "{kernel:?} takes another struct"
         );
         let f = self.function(kernel, bt)?;
+        let fail = |e: DriverError| cuda_err(format!("launching {}", kernel.name()))(e);
+        self.ctx.bind_to_thread().map_err(fail)?;
+        // The one kernel argument, by address (cuLaunchKernel copies it before returning).
+        let mut args = [params as *const P as *mut std::ffi::c_void];
         // SAFETY: P is the struct the kernel takes (KernelParams); the caller vouches for the
-        // pointers in it.
-        unsafe { self.stream.launch_builder(&f).arg(params).launch(cfg) }
-            .map(drop)
-            .map_err(cuda_err(format!("launching {}", kernel.name())))
+        // pointers in it. Launched directly rather than through cudarc's builder: there are no
+        // buffers whose events it would track, and this way a launch allocates nothing.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                f.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                self.stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .map_err(fail)
     }
 
     /// Queues the zeroing of `bytes` bytes at `ptr`.
@@ -305,12 +318,11 @@ impl CudaDevice {
         if bytes == 0 {
             return Ok(());
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(cuda_err("binding the context"))?;
+        let fail = |e: DriverError| cuda_err(format!("zeroing {what}"))(e);
+        self.ctx.bind_to_thread().map_err(fail)?;
         // SAFETY: the caller vouches for the range; the operation is ordered on the stream.
         unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }
-            .map_err(cuda_err(format!("zeroing {what}")))
+            .map_err(fail)
     }
 
     /// Queues a copy of `n` f32 from `x` to `y` (a no-op when they are the same memory).
@@ -321,12 +333,11 @@ impl CudaDevice {
         if n == 0 || x == y {
             return Ok(());
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(cuda_err("binding the context"))?;
+        let fail = |e: DriverError| cuda_err(format!("copying {n} elements"))(e);
+        self.ctx.bind_to_thread().map_err(fail)?;
         // SAFETY: the caller vouches for both ranges; the copy is ordered on the stream.
         unsafe { cudarc::driver::result::memcpy_dtod_async(y, x, n * 4, self.stream.cu_stream()) }
-            .map_err(cuda_err(format!("copying {n} elements")))
+            .map_err(fail)
     }
 
     /// A zero-filled buffer of `len` elements.
