@@ -66,6 +66,12 @@ impl Tables {
 /// [`CudaDevice::new`] opens a GPU with a stream of its own; [`CudaDevice::from_stream`] and
 /// [`CudaDevice::from_raw_stream`] run on a stream an engine already has (candle's, PyTorch's
 /// current stream), creating and synchronising no stream of their own.
+///
+/// Buffers given to its [`crate::Backend`] methods must belong to its CUDA context (any stream
+/// of it: buffers an engine made on the same stream are accepted). Work is queued on the
+/// device's stream only; where the context tracks events (cudarc's default, as in candle) that
+/// stream waits for a buffer's pending writes on other streams, and where it does not (a
+/// [`CudaDevice::new`] device) ordering such writes first is the caller's job.
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
