@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use deltanet::cuda::{CudaDevice, DeviceMut, DeviceRef, ForwardIo, Plan, StepIo, Workspace};
+use deltanet::cuda::{
+    CudaDevice, DeviceMut, DeviceRef, ForwardIo, Plan, StepIo, TokenInputs, Workspace,
+};
 use deltanet::{DType, Dims, Options, Problem};
 
 /// Qwen3-Next's layer shape, batch of 2 prompts of 512 tokens, then 32 decode steps.
@@ -42,17 +44,27 @@ fn main() {
     }
 }
 
-/// The engine's buffers for one call of `t` tokens per sequence.
+/// The engine's inputs for one call of `t` tokens per sequence.
 struct Activations {
     q: CudaSlice<u16>,
     k: CudaSlice<u16>,
     v: CudaSlice<u16>,
     g: CudaSlice<f32>,
     beta: CudaSlice<f32>,
-    o: CudaSlice<u16>,
 }
 
 impl Activations {
+    /// The inputs as the engine API takes them.
+    fn inputs(&self) -> deltanet::Result<TokenInputs<'_>> {
+        Ok(TokenInputs::new(
+            DeviceRef::new(&self.q, DType::BF16)?,
+            DeviceRef::new(&self.k, DType::BF16)?,
+            DeviceRef::new(&self.v, DType::BF16)?,
+            DeviceRef::new(&self.g, DType::F32)?,
+            DeviceRef::new(&self.beta, DType::F32)?,
+        ))
+    }
+
     fn new(stream: &Arc<CudaStream>, t: usize, seed: u32) -> deltanet::Result<Self> {
         let tokens = B * t;
         let err = |e: cudarc::driver::DriverError| deltanet::Error::Cuda {
@@ -75,7 +87,6 @@ impl Activations {
                 .map_err(err)?,
             g: stream.clone_htod(&gates).map_err(err)?,
             beta: stream.clone_htod(&vec![0.5f32; tokens * HV]).map_err(err)?,
-            o: stream.alloc_zeros(tokens * HV * V).map_err(err)?,
         })
     }
 }
@@ -124,8 +135,12 @@ fn run() -> deltanet::Result<()> {
         .max(decode.step_workspace_bytes());
     let mut workspace = stream.alloc_zeros::<u8>(ws_bytes).map_err(cuda)?;
     let mut state = stream.alloc_zeros::<f32>(B * HV * K * V).map_err(cuda)?;
-    let mut prompt = Activations::new(&stream, PROMPT, 1)?;
-    let mut token = Activations::new(&stream, 1, 2)?;
+    let prompt = Activations::new(&stream, PROMPT, 1)?;
+    let token = Activations::new(&stream, 1, 2)?;
+    let mut prompt_o = stream
+        .alloc_zeros::<u16>(B * PROMPT * HV * V)
+        .map_err(cuda)?;
+    let mut token_o = stream.alloc_zeros::<u16>(B * HV * V).map_err(cuda)?;
     println!(
         "workspace {:.1} MiB, state {:.1} MiB",
         ws_bytes as f64 / 1048576.0,
@@ -137,41 +152,23 @@ fn run() -> deltanet::Result<()> {
     let start = ctx.new_event(timing).map_err(cuda)?;
     let end = ctx.new_event(timing).map_err(cuda)?;
     start.record(&stream).map_err(cuda)?;
-    prefill.forward(
-        ForwardIo {
-            q: DeviceRef::new(&prompt.q, DType::BF16)?,
-            k: DeviceRef::new(&prompt.k, DType::BF16)?,
-            v: DeviceRef::new(&prompt.v, DType::BF16)?,
-            g: DeviceRef::new(&prompt.g, DType::F32)?,
-            beta: DeviceRef::new(&prompt.beta, DType::F32)?,
-            initial_state: None,
-            a_log: None,
-            dt_bias: None,
-            o: DeviceMut::new(&mut prompt.o, DType::BF16)?,
-            final_state: DeviceMut::new(&mut state, DType::F32)?,
-            chunk_states: None,
-        },
-        Workspace::new(&mut workspace),
-    )?;
+    let io = ForwardIo::new(
+        prompt.inputs()?,
+        DeviceMut::new(&mut prompt_o, DType::BF16)?,
+        DeviceMut::new(&mut state, DType::F32)?,
+    );
+    prefill.forward(io, Workspace::new(&mut workspace))?;
     let middle = ctx.new_event(timing).map_err(cuda)?;
     middle.record(&stream).map_err(cuda)?;
     // Decode: each step advances `state` in place. An engine would write the next token's
     // q, k, v, g, beta into `token` between steps; the same buffers serve every step.
     for _ in 0..STEPS {
-        decode.recurrent_step(
-            StepIo {
-                q: DeviceRef::new(&token.q, DType::BF16)?,
-                k: DeviceRef::new(&token.k, DType::BF16)?,
-                v: DeviceRef::new(&token.v, DType::BF16)?,
-                g: DeviceRef::new(&token.g, DType::F32)?,
-                beta: DeviceRef::new(&token.beta, DType::F32)?,
-                a_log: None,
-                dt_bias: None,
-                state: DeviceMut::new(&mut state, DType::F32)?,
-                o: DeviceMut::new(&mut token.o, DType::BF16)?,
-            },
-            Workspace::new(&mut workspace),
-        )?;
+        let io = StepIo {
+            inputs: token.inputs()?,
+            state: DeviceMut::new(&mut state, DType::F32)?,
+            o: DeviceMut::new(&mut token_o, DType::BF16)?,
+        };
+        decode.recurrent_step(io, Workspace::new(&mut workspace))?;
     }
     end.record(&stream).map_err(cuda)?;
     // The first wait for the host: everything above was only queued.
@@ -188,7 +185,7 @@ fn run() -> deltanet::Result<()> {
     );
 
     let o: Vec<f32> = stream
-        .clone_dtoh(&token.o)
+        .clone_dtoh(&token_o)
         .map_err(cuda)?
         .iter()
         .map(|&b| half::bf16::from_bits(b).to_f32())

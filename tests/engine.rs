@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use deltanet::cuda::{CudaDevice, DeviceMut, DeviceRef, ForwardIo, Plan, StepIo, Workspace};
+use deltanet::cuda::{
+    CudaDevice, DeviceMut, DeviceRef, ForwardIo, Plan, StepIo, TokenInputs, Workspace,
+};
 use deltanet::{
     forward, recurrent_step, DType, Data, Device, Dims, HeadMap, Inputs, Options, Problem, Tensor,
 };
@@ -233,6 +235,16 @@ fn host_inputs(c: &Case, seed: u64) -> Host {
     Host { prefill, decode, n }
 }
 
+/// The per-token inputs as the engine API takes them.
+fn token_inputs<'a>(x: &'a [Dev; 5], gate: &'a Option<(Dev, Dev)>) -> TokenInputs<'a> {
+    let [q, k, v, g, beta] = x;
+    TokenInputs {
+        a_log: gate.as_ref().map(|p| p.0.r()),
+        dt_bias: gate.as_ref().map(|p| p.1.r()),
+        ..TokenInputs::new(q.r(), k.r(), v.r(), g.r(), beta.r())
+    }
+}
+
 /// Everything the engine owns for one case: inputs, outputs, workspaces and the two plans.
 struct Engine {
     stream: Arc<CudaStream>,
@@ -287,45 +299,35 @@ impl Engine {
         }
     }
 
+    /// The forward into `o` and `final_state`, with `ws` or the engine's own workspace.
+    fn forward(&mut self, ws: Option<&mut CudaSlice<u8>>) -> deltanet::Result<()> {
+        let io = ForwardIo {
+            initial_state: self.h0.as_ref().map(Dev::r),
+            ..ForwardIo::new(
+                token_inputs(&self.x, &self.gate_params),
+                self.o.w(),
+                self.final_state.w(),
+            )
+        };
+        let ws = ws.unwrap_or(&mut self.ws);
+        self.plan.forward(io, Workspace::new(ws))
+    }
+
     /// The forward, the final state copied into the decode state, one decode step: all queued
     /// on the stream, nothing waited for.
     fn queue(&mut self) -> deltanet::Result<()> {
-        let [q, k, v, g, beta] = &self.x;
-        self.plan.forward(
-            ForwardIo {
-                q: q.r(),
-                k: k.r(),
-                v: v.r(),
-                g: g.r(),
-                beta: beta.r(),
-                initial_state: self.h0.as_ref().map(Dev::r),
-                a_log: self.gate_params.as_ref().map(|p| p.0.r()),
-                dt_bias: self.gate_params.as_ref().map(|p| p.1.r()),
-                o: self.o.w(),
-                final_state: self.final_state.w(),
-                chunk_states: None,
-            },
-            Workspace::new(&mut self.ws),
-        )?;
+        self.forward(None)?;
         let (Out::F32(fs), Out::F32(st)) = (&self.final_state, &mut self.state) else {
             unreachable!("states are f32")
         };
         self.stream.memcpy_dtod(fs, st).unwrap();
-        let [q, k, v, g, beta] = &self.xs;
-        self.step_plan.recurrent_step(
-            StepIo {
-                q: q.r(),
-                k: k.r(),
-                v: v.r(),
-                g: g.r(),
-                beta: beta.r(),
-                a_log: self.step_gate_params.as_ref().map(|p| p.0.r()),
-                dt_bias: self.step_gate_params.as_ref().map(|p| p.1.r()),
-                state: self.state.w(),
-                o: self.o_step.w(),
-            },
-            Workspace::new(&mut self.ws_step),
-        )
+        let io = StepIo {
+            inputs: token_inputs(&self.xs, &self.step_gate_params),
+            state: self.state.w(),
+            o: self.o_step.w(),
+        };
+        self.step_plan
+            .recurrent_step(io, Workspace::new(&mut self.ws_step))
     }
 
     fn zero_outputs(&mut self) {
@@ -550,26 +552,7 @@ fn gpu_raw_stream_runs_like_a_cudarc_stream() {
 
     // A short workspace is refused before anything is queued, naming it.
     let mut small = stream.alloc_zeros::<u8>(16).unwrap();
-    let [q, k, v, g, beta] = &e.x;
-    let err = e
-        .plan
-        .forward(
-            ForwardIo {
-                q: q.r(),
-                k: k.r(),
-                v: v.r(),
-                g: g.r(),
-                beta: beta.r(),
-                initial_state: None,
-                a_log: None,
-                dt_bias: None,
-                o: e.o.w(),
-                final_state: e.final_state.w(),
-                chunk_states: None,
-            },
-            Workspace::new(&mut small),
-        )
-        .unwrap_err();
+    let err = e.forward(Some(&mut small)).unwrap_err();
     assert!(err.to_string().starts_with("workspace:"), "{err}");
 }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use deltanet::cuda::{CudaDevice, DeviceMut, DeviceRef, ForwardIo, Plan, Workspace};
+use deltanet::cuda::{CudaDevice, DeviceMut, DeviceRef, ForwardIo, Plan, TokenInputs, Workspace};
 use deltanet::{DType, Options, Problem};
 
 /// One forward on the engine's stream, over the engine's bf16 buffers.
@@ -24,20 +24,17 @@ pub fn forward_on_engine_stream(
 ) -> deltanet::Result<()> {
     let dev = Arc::new(CudaDevice::from_stream(stream)?);
     let plan = Plan::new(dev, p, opts, DType::BF16)?;
-    plan.forward(
-        ForwardIo {
-            q: DeviceRef::new(q, DType::BF16)?,
-            k: DeviceRef::new(k, DType::BF16)?,
-            v: DeviceRef::new(v, DType::BF16)?,
-            g: DeviceRef::new(g, DType::F32)?,
-            beta: DeviceRef::new(beta, DType::F32)?,
-            initial_state: None,
-            a_log: None,
-            dt_bias: None,
-            o: DeviceMut::new(o, DType::BF16)?,
-            final_state: DeviceMut::new(final_state, DType::F32)?,
-            chunk_states: None,
-        },
-        Workspace::new(workspace),
-    )
+    let inputs = TokenInputs::new(
+        DeviceRef::new(q, DType::BF16)?,
+        DeviceRef::new(k, DType::BF16)?,
+        DeviceRef::new(v, DType::BF16)?,
+        DeviceRef::new(g, DType::F32)?,
+        DeviceRef::new(beta, DType::F32)?,
+    );
+    let io = ForwardIo::new(
+        inputs,
+        DeviceMut::new(o, DType::BF16)?,
+        DeviceMut::new(final_state, DType::F32)?,
+    );
+    plan.forward(io, Workspace::new(workspace))
 }

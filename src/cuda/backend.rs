@@ -10,7 +10,7 @@ use super::stages::{
 };
 use super::{cuda_err, Buf, CudaDevice};
 use crate::backend::{Backend, ChunkStates, Gamma, Wy};
-use crate::dtype::{Data, Tensor};
+use crate::dtype::{DType, Data, Tensor};
 use crate::error::{Error, Result};
 use crate::options::Options;
 use crate::problem::Problem;
@@ -82,7 +82,7 @@ impl CudaDevice {
         let mut a = Access::new(self);
         let (xp, yp) = (a.r(&x), a.w(&mut y));
         // SAFETY: x holds bits.len() 16-bit values, y as many f32, both of this device.
-        unsafe { cast::widen(self, t.dtype(), xp, yp, bits.len()) }?;
+        unsafe { cast::convert(self, t.dtype(), DType::F32, xp, yp, bits.len()) }?;
         drop(a);
         Ok(y)
     }
@@ -115,7 +115,6 @@ impl Backend for CudaDevice {
         let n = p.tokens() * hv;
         self.check("g", g, n)?;
         self.check("beta", beta, n)?;
-        let params = gate::Params::dims(p, opts);
         let mut g_out = self.uninit(n, "g")?;
         let mut beta_out = self.uninit(n, "beta")?;
         let mut a = Access::new(self);
@@ -140,10 +139,10 @@ impl Backend for CudaDevice {
             dt_bias,
             g_out: a.w(&mut g_out),
             beta_out: a.w(&mut beta_out),
-            ..params
+            ..Default::default()
         };
         // SAFETY: every buffer holds n elements (A_log and dt_bias HV, with gate_in_kernel).
-        unsafe { gate::launch(self, &params) }?;
+        unsafe { gate::launch(self, p, opts, &params) }?;
         drop(a);
         Ok((g_out, beta_out))
     }
@@ -163,10 +162,10 @@ impl Backend for CudaDevice {
                 lo: a.w(&mut lo),
                 seg: a.w(&mut seg),
             },
-            ..cumsum::Params::dims(p, &t.ptrs())
+            ..Default::default()
         };
         // SAFETY: all four buffers hold [B, T, HV] elements; the tables are p's.
-        unsafe { cumsum::launch(self, p, &params) }?;
+        unsafe { cumsum::launch(self, p, &t.ptrs(), &params) }?;
         drop(a);
         Ok(Gamma { gamma, lo, seg })
     }
@@ -190,10 +189,10 @@ impl Backend for CudaDevice {
             beta: a.r(beta),
             gamma: a.gamma(gamma),
             a_strict: a.w(&mut a_strict),
-            ..kkt::Params::dims(p, &t.ptrs())
+            ..Default::default()
         };
         // SAFETY: the buffers have the layouts of p (checked, allocated); the tables are p's.
-        unsafe { kkt::launch(self, p, &params) }?;
+        unsafe { kkt::launch(self, p, &t.ptrs(), &params) }?;
         drop(a);
         Ok(a_strict)
     }
@@ -207,10 +206,10 @@ impl Backend for CudaDevice {
         let params = solve_tril::Params {
             a_strict: a.r(a_strict),
             a_inv: a.w(&mut a_inv),
-            ..solve_tril::Params::dims(p, &t.ptrs())
+            ..Default::default()
         };
         // SAFETY: both buffers hold [B, T, HV, BT]; the tables are p's.
-        unsafe { solve_tril::launch(self, p, &params) }?;
+        unsafe { solve_tril::launch(self, p, &t.ptrs(), &params) }?;
         drop(a);
         Ok(a_inv)
     }
@@ -242,10 +241,10 @@ impl Backend for CudaDevice {
             a_inv: a.r(a_inv),
             w: a.w(&mut w),
             u: a.w(&mut u),
-            ..wy::Params::dims(p, &t.ptrs())
+            ..Default::default()
         };
         // SAFETY: the buffers have the layouts of p (checked, allocated); the tables are p's.
-        unsafe { wy::launch(self, p, &params) }?;
+        unsafe { wy::launch(self, p, &t.ptrs(), &params) }?;
         drop(a);
         Ok(Wy { w, u })
     }
@@ -283,10 +282,10 @@ impl Backend for CudaDevice {
             h: a.w(&mut h),
             v_new: a.w(&mut v_new),
             final_state: a.w(&mut final_state),
-            ..chunk_state::Params::dims(p, &t.ptrs())
+            ..Default::default()
         };
         // SAFETY: the buffers have the layouts of p (checked, allocated); the tables are p's.
-        unsafe { chunk_state::launch(self, p, &params) }?;
+        unsafe { chunk_state::launch(self, p, &t.ptrs(), &params) }?;
         drop(a);
         Ok(ChunkStates {
             h,
@@ -322,10 +321,11 @@ impl Backend for CudaDevice {
             h: a.r(h),
             gamma: a.gamma(gamma),
             o: a.w(&mut o),
-            ..chunk_output::Params::dims(p, &t.ptrs(), scale)
+            scale,
+            ..Default::default()
         };
         // SAFETY: the buffers have the layouts of p (checked, allocated); the tables are p's.
-        unsafe { chunk_output::launch(self, p, &params) }?;
+        unsafe { chunk_output::launch(self, p, &t.ptrs(), &params) }?;
         drop(a);
         Ok(o)
     }
@@ -361,10 +361,11 @@ impl Backend for CudaDevice {
             beta: a.r(beta),
             state: a.w(state),
             o: a.w(&mut o),
-            ..recurrent::Params::dims(p, &t.ptrs(), scale)
+            scale,
+            ..Default::default()
         };
         // SAFETY: the buffers have the layouts of p (checked, allocated); the tables are p's.
-        unsafe { recurrent::launch(self, p, v_first, &params) }?;
+        unsafe { recurrent::launch(self, p, &t.ptrs(), v_first, &params) }?;
         drop(a);
         Ok(o)
     }

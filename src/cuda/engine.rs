@@ -12,32 +12,26 @@
 //! ```no_run
 //! # fn main() -> deltanet::Result<()> {
 //! use std::sync::Arc;
-//! use deltanet::cuda::{CudaDevice, DeviceMut, DeviceRef, ForwardIo, Plan, Workspace};
+//! use cudarc::driver::CudaSlice;
+//! use deltanet::cuda::{CudaDevice, DeviceMut, DeviceRef, ForwardIo, Plan, TokenInputs, Workspace};
 //! use deltanet::{DType, Dims, Options, Problem};
 //! # let stream: Arc<cudarc::driver::CudaStream> = unimplemented!();
+//! # let (q, k, v, mut o): (CudaSlice<u16>, CudaSlice<u16>, CudaSlice<u16>, CudaSlice<u16>) = unimplemented!();
+//! # let (g, beta, mut state): (CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>) = unimplemented!();
 //! let dev = Arc::new(CudaDevice::from_stream(stream.clone())?);
 //! let dims = Dims { batch: 1, seq_len: 128, heads: 2, v_heads: 4, dk: 64, dv: 64 };
 //! let opts = Options::default();
-//! let p = Problem::new(dims, None, &opts)?;
-//! let plan = Plan::new(dev, &p, &opts, DType::BF16)?;
+//! let plan = Plan::new(dev, &Problem::new(dims, None, &opts)?, &opts, DType::BF16)?;
 //! let mut ws = stream.alloc_zeros::<u8>(plan.forward_workspace_bytes()).unwrap();
-//! # let (q, k, v, g, beta, mut o, mut fs): (cudarc::driver::CudaSlice<u16>, cudarc::driver::CudaSlice<u16>, cudarc::driver::CudaSlice<u16>, cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<u16>, cudarc::driver::CudaSlice<f32>) = unimplemented!();
-//! plan.forward(
-//!     ForwardIo {
-//!         q: DeviceRef::new(&q, DType::BF16)?,
-//!         k: DeviceRef::new(&k, DType::BF16)?,
-//!         v: DeviceRef::new(&v, DType::BF16)?,
-//!         g: DeviceRef::new(&g, DType::F32)?,
-//!         beta: DeviceRef::new(&beta, DType::F32)?,
-//!         initial_state: None,
-//!         a_log: None,
-//!         dt_bias: None,
-//!         o: DeviceMut::new(&mut o, DType::BF16)?,
-//!         final_state: DeviceMut::new(&mut fs, DType::F32)?,
-//!         chunk_states: None,
-//!     },
-//!     Workspace::new(&mut ws),
-//! )?;
+//! let inputs = TokenInputs::new(
+//!     DeviceRef::new(&q, DType::BF16)?,
+//!     DeviceRef::new(&k, DType::BF16)?,
+//!     DeviceRef::new(&v, DType::BF16)?,
+//!     DeviceRef::new(&g, DType::F32)?,
+//!     DeviceRef::new(&beta, DType::F32)?,
+//! );
+//! let io = ForwardIo::new(inputs, DeviceMut::new(&mut o, DType::BF16)?, DeviceMut::new(&mut state, DType::F32)?);
+//! plan.forward(io, Workspace::new(&mut ws))?;
 //! # Ok(())
 //! # }
 //! ```
@@ -52,7 +46,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 use super::registry::Kernel;
 use super::stages::{
@@ -87,15 +81,6 @@ pub struct DeviceMut<'a> {
     _borrow: PhantomData<&'a mut ()>,
 }
 
-/// Scratch device memory for the intermediates of one call, `bytes` long, aligned to
-/// [`WORKSPACE_ALIGN`].
-#[derive(Debug)]
-pub struct Workspace<'a> {
-    ptr: CUdeviceptr,
-    bytes: usize,
-    _borrow: PhantomData<&'a mut ()>,
-}
-
 fn element_size<T>(dtype: DType) -> Result<()> {
     if std::mem::size_of::<T>() != dtype.size() {
         return Err(Error::invalid(
@@ -110,131 +95,81 @@ fn element_size<T>(dtype: DType) -> Result<()> {
     Ok(())
 }
 
-impl<'a> DeviceRef<'a> {
-    /// A cudarc buffer read as elements of `dtype` (`f32` as F32; `u16` or `half` types as BF16
-    /// or F16); `Err` when the element sizes differ. The address is taken now, so make views
-    /// before a graph capture begins.
-    pub fn new<T>(s: &'a CudaSlice<T>, dtype: DType) -> Result<Self> {
-        element_size::<T>(dtype)?;
-        let (ptr, _) = s.device_ptr(s.stream());
-        Ok(DeviceRef {
-            ptr,
-            len: s.len(),
-            dtype,
-            _borrow: PhantomData,
-        })
-    }
-
-    /// A cudarc view read as elements of `dtype` (see [`DeviceRef::new`]).
-    pub fn from_view<T>(s: &'a CudaView<'_, T>, dtype: DType) -> Result<Self> {
-        element_size::<T>(dtype)?;
-        let (ptr, _) = s.device_ptr(s.stream());
-        Ok(DeviceRef {
-            ptr,
-            len: s.len(),
-            dtype,
-            _borrow: PhantomData,
-        })
-    }
-
-    /// Memory of another runtime (`tensor.data_ptr()`, `tensor.numel()`).
-    ///
-    /// # Safety
-    /// `ptr` addresses `len` elements of `dtype` in the device's context that stay allocated,
-    /// and are not written by others, while the work queued with this view runs.
-    pub unsafe fn from_raw(ptr: CUdeviceptr, len: usize, dtype: DType) -> Self {
-        DeviceRef {
-            ptr,
-            len,
-            dtype,
-            _borrow: PhantomData,
+/// What both view types share.
+macro_rules! view {
+    ($view:ident) => {
+        impl $view<'_> {
+            /// Memory of another runtime (`tensor.data_ptr()`, `tensor.numel()`).
+            ///
+            /// # Safety
+            /// `ptr` addresses `len` elements of `dtype` in the device's context that stay
+            /// allocated, and are not used by others, while the work queued with the view runs.
+            pub unsafe fn from_raw(ptr: CUdeviceptr, len: usize, dtype: DType) -> Self {
+                $view {
+                    ptr,
+                    len,
+                    dtype,
+                    _borrow: PhantomData,
+                }
+            }
+            /// The device address.
+            pub fn ptr(&self) -> CUdeviceptr {
+                self.ptr
+            }
+            /// Elements.
+            pub fn len(&self) -> usize {
+                self.len
+            }
+            /// Whether the view has no elements.
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
+            /// The element type.
+            pub fn dtype(&self) -> DType {
+                self.dtype
+            }
         }
-    }
+    };
+}
+view!(DeviceRef);
+view!(DeviceMut);
 
-    /// The device address.
-    pub fn ptr(&self) -> CUdeviceptr {
-        self.ptr
-    }
-    /// Elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Whether the view has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// The element type.
-    pub fn dtype(&self) -> DType {
-        self.dtype
+impl<'a> DeviceRef<'a> {
+    /// A cudarc buffer or view read as elements of `dtype` (`f32` as F32; `u16` or `half` types
+    /// as BF16 or F16); `Err` when the element sizes differ. The address is taken now: where the
+    /// context tracks events, make views before a graph capture begins.
+    pub fn new<T, S: DevicePtr<T>>(s: &'a S, dtype: DType) -> Result<Self> {
+        element_size::<T>(dtype)?;
+        let (ptr, _) = s.device_ptr(s.stream());
+        // SAFETY: the buffer holds s.len() elements of the same size and is borrowed for 'a.
+        Ok(unsafe { DeviceRef::from_raw(ptr, s.len(), dtype) })
     }
 }
 
 impl<'a> DeviceMut<'a> {
-    /// A cudarc buffer written as elements of `dtype` (see [`DeviceRef::new`]).
-    pub fn new<T>(s: &'a mut CudaSlice<T>, dtype: DType) -> Result<Self> {
+    /// A cudarc buffer or mutable view written as elements of `dtype` (see [`DeviceRef::new`]).
+    pub fn new<T, S: DevicePtrMut<T>>(s: &'a mut S, dtype: DType) -> Result<Self> {
         element_size::<T>(dtype)?;
-        let len = s.len();
-        let stream = s.stream().clone();
+        let (len, stream) = (s.len(), s.stream().clone());
         let (ptr, _) = s.device_ptr_mut(&stream);
-        Ok(DeviceMut {
-            ptr,
-            len,
-            dtype,
-            _borrow: PhantomData,
-        })
+        // SAFETY: the buffer holds len elements of the same size and is borrowed for 'a.
+        Ok(unsafe { DeviceMut::from_raw(ptr, len, dtype) })
     }
+}
 
-    /// A cudarc mutable view written as elements of `dtype` (see [`DeviceRef::new`]).
-    pub fn from_view<T>(s: &'a mut CudaViewMut<'_, T>, dtype: DType) -> Result<Self> {
-        element_size::<T>(dtype)?;
-        let len = s.len();
-        let stream = s.stream().clone();
-        let (ptr, _) = s.device_ptr_mut(&stream);
-        Ok(DeviceMut {
-            ptr,
-            len,
-            dtype,
-            _borrow: PhantomData,
-        })
-    }
-
-    /// Memory of another runtime.
-    ///
-    /// # Safety
-    /// `ptr` addresses `len` elements of `dtype` in the device's context that stay allocated,
-    /// and are not used by others, while the work queued with this view runs.
-    pub unsafe fn from_raw(ptr: CUdeviceptr, len: usize, dtype: DType) -> Self {
-        DeviceMut {
-            ptr,
-            len,
-            dtype,
-            _borrow: PhantomData,
-        }
-    }
-
-    /// The device address.
-    pub fn ptr(&self) -> CUdeviceptr {
-        self.ptr
-    }
-    /// Elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Whether the view has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// The element type.
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
+/// Scratch device memory for the intermediates of one call, `bytes` long, aligned to
+/// [`WORKSPACE_ALIGN`].
+#[derive(Debug)]
+pub struct Workspace<'a> {
+    ptr: CUdeviceptr,
+    bytes: usize,
+    _borrow: PhantomData<&'a mut ()>,
 }
 
 impl<'a> Workspace<'a> {
     /// A cudarc byte buffer as the workspace.
     pub fn new(s: &'a mut CudaSlice<u8>) -> Self {
-        let bytes = s.len();
-        let stream = s.stream().clone();
+        let (bytes, stream) = (s.len(), s.stream().clone());
         let (ptr, _) = s.device_ptr_mut(&stream);
         Workspace {
             ptr,
@@ -266,10 +201,9 @@ impl<'a> Workspace<'a> {
     }
 }
 
-/// The forward's buffers. Shapes by FLA's letters; `N` sequences, `chunks` as in
-/// [`Problem::chunks`].
-#[derive(Debug)]
-pub struct ForwardIo<'a> {
+/// The per-token inputs of both calls, FLA's layouts (`B, T` the call's tokens).
+#[derive(Clone, Copy, Debug)]
+pub struct TokenInputs<'a> {
     /// `[B, T, H, K]`, in the plan's dtype.
     pub q: DeviceRef<'a>,
     /// `[B, T, H, K]`, in the plan's dtype.
@@ -280,12 +214,40 @@ pub struct ForwardIo<'a> {
     pub g: DeviceRef<'a>,
     /// `[B, T, HV]` f32 (logits with `beta_is_logits`).
     pub beta: DeviceRef<'a>,
-    /// `[N, HV, K, V]` f32, or `None` for zero states.
-    pub initial_state: Option<DeviceRef<'a>>,
     /// `[HV]` f32, with `gate_in_kernel` only.
     pub a_log: Option<DeviceRef<'a>>,
     /// `[HV]` f32, with `gate_in_kernel` only.
     pub dt_bias: Option<DeviceRef<'a>>,
+}
+
+impl<'a> TokenInputs<'a> {
+    /// The five per-token tensors, without gate parameters.
+    pub fn new(
+        q: DeviceRef<'a>,
+        k: DeviceRef<'a>,
+        v: DeviceRef<'a>,
+        g: DeviceRef<'a>,
+        beta: DeviceRef<'a>,
+    ) -> Self {
+        TokenInputs {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            a_log: None,
+            dt_bias: None,
+        }
+    }
+}
+
+/// The forward's buffers (`N` sequences, `chunks` as in [`Problem::chunks`]).
+#[derive(Debug)]
+pub struct ForwardIo<'a> {
+    /// q, k, v, g, beta and the gate parameters.
+    pub inputs: TokenInputs<'a>,
+    /// `[N, HV, K, V]` f32, or `None` for zero states.
+    pub initial_state: Option<DeviceRef<'a>>,
     /// `[B, T, HV, V]`, written, in `Options::out_dtype` or the plan's dtype.
     pub o: DeviceMut<'a>,
     /// `[N, HV, K, V]` f32, written (always, whatever `output_final_state` says). May be the
@@ -295,23 +257,24 @@ pub struct ForwardIo<'a> {
     pub chunk_states: Option<DeviceMut<'a>>,
 }
 
+impl<'a> ForwardIo<'a> {
+    /// From zero states, without chunk states.
+    pub fn new(inputs: TokenInputs<'a>, o: DeviceMut<'a>, final_state: DeviceMut<'a>) -> Self {
+        ForwardIo {
+            inputs,
+            initial_state: None,
+            o,
+            final_state,
+            chunk_states: None,
+        }
+    }
+}
+
 /// The recurrent step's buffers.
 #[derive(Debug)]
 pub struct StepIo<'a> {
-    /// `[B, T, H, K]`, in the plan's dtype.
-    pub q: DeviceRef<'a>,
-    /// `[B, T, H, K]`, in the plan's dtype.
-    pub k: DeviceRef<'a>,
-    /// `[B, T, HV, V]`, in the plan's dtype.
-    pub v: DeviceRef<'a>,
-    /// `[B, T, HV]` f32.
-    pub g: DeviceRef<'a>,
-    /// `[B, T, HV]` f32.
-    pub beta: DeviceRef<'a>,
-    /// `[HV]` f32, with `gate_in_kernel` only.
-    pub a_log: Option<DeviceRef<'a>>,
-    /// `[HV]` f32, with `gate_in_kernel` only.
-    pub dt_bias: Option<DeviceRef<'a>>,
+    /// q, k, v, g, beta and the gate parameters.
+    pub inputs: TokenInputs<'a>,
     /// `[N, HV, K, V]` f32 (`[N, HV, V, K]` with `state_v_first`), advanced in place.
     pub state: DeviceMut<'a>,
     /// `[B, T, HV, V]`, written, in `Options::out_dtype` or the plan's dtype.
@@ -349,10 +312,10 @@ impl Carver {
     }
 }
 
-/// Where the stage path keeps its intermediates (all f32). Regions a configuration does not
-/// need are empty.
+/// Where both calls keep q, k, v in f32, normalised q and k, the effective gate and beta, and o
+/// in f32. Regions a configuration does not need are empty.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct ForwardLayout {
+pub(crate) struct Prologue {
     /// q, k, v widened to f32 (16-bit inputs only).
     pub q32: Region,
     pub k32: Region,
@@ -363,6 +326,38 @@ pub(crate) struct ForwardLayout {
     /// The effective gate and beta.
     pub g: Region,
     pub beta: Region,
+    /// o in f32 (16-bit outputs only).
+    pub o32: Region,
+}
+
+impl Prologue {
+    fn carve(c: &mut Carver, p: &Problem, opts: &Options, dtype: DType) -> Prologue {
+        let n = p.tokens() * p.v_heads();
+        let qk = p.tokens() * p.heads() * p.dk();
+        let wide = |len: usize| if dtype == DType::F32 { 0 } else { len };
+        let norm = |len: usize| if opts.use_qk_l2norm { len } else { 0 };
+        let narrow = if out_dtype(opts, dtype) == DType::F32 {
+            0
+        } else {
+            n * p.dv()
+        };
+        Prologue {
+            q32: c.f32s(wide(qk)),
+            k32: c.f32s(wide(qk)),
+            v32: c.f32s(wide(n * p.dv())),
+            qn: c.f32s(norm(qk)),
+            kn: c.f32s(norm(qk)),
+            g: c.f32s(n),
+            beta: c.f32s(n),
+            o32: c.f32s(narrow),
+        }
+    }
+}
+
+/// Where the stage path of the forward keeps its intermediates (all f32).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ForwardLayout {
+    pub prologue: Prologue,
     pub gamma: Region,
     pub lo: Region,
     pub seg: Region,
@@ -373,8 +368,6 @@ pub(crate) struct ForwardLayout {
     /// The chunk states (unless the caller asks for them in `chunk_states`).
     pub h: Region,
     pub v_new: Region,
-    /// o in f32 (16-bit outputs only).
-    pub o32: Region,
     /// Total bytes.
     pub bytes: usize,
 }
@@ -382,14 +375,7 @@ pub(crate) struct ForwardLayout {
 /// Where the recurrent step keeps its intermediates.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct StepLayout {
-    pub q32: Region,
-    pub k32: Region,
-    pub v32: Region,
-    pub qn: Region,
-    pub kn: Region,
-    pub g: Region,
-    pub beta: Region,
-    pub o32: Region,
+    pub prologue: Prologue,
     pub bytes: usize,
 }
 
@@ -399,18 +385,9 @@ fn out_dtype(opts: &Options, dtype: DType) -> DType {
 
 pub(crate) fn forward_layout(p: &Problem, opts: &Options, dtype: DType) -> ForwardLayout {
     let n = p.tokens() * p.v_heads();
-    let qk = p.tokens() * p.heads() * p.dk();
-    let wide = |len: usize| if dtype == DType::F32 { 0 } else { len };
-    let norm = |len: usize| if opts.use_qk_l2norm { len } else { 0 };
     let mut c = Carver::default();
     let mut l = ForwardLayout {
-        q32: c.f32s(wide(qk)),
-        k32: c.f32s(wide(qk)),
-        v32: c.f32s(wide(n * p.dv())),
-        qn: c.f32s(norm(qk)),
-        kn: c.f32s(norm(qk)),
-        g: c.f32s(n),
-        beta: c.f32s(n),
+        prologue: Prologue::carve(&mut c, p, opts, dtype),
         gamma: c.f32s(n),
         lo: c.f32s(n),
         seg: c.f32s(n),
@@ -424,11 +401,6 @@ pub(crate) fn forward_layout(p: &Problem, opts: &Options, dtype: DType) -> Forwa
             p.chunks().len() * p.v_heads() * p.state_len()
         }),
         v_new: c.f32s(n * p.dv()),
-        o32: c.f32s(if out_dtype(opts, dtype) == DType::F32 {
-            0
-        } else {
-            n * p.dv()
-        }),
         bytes: 0,
     };
     l.bytes = c.end;
@@ -436,28 +408,12 @@ pub(crate) fn forward_layout(p: &Problem, opts: &Options, dtype: DType) -> Forwa
 }
 
 pub(crate) fn step_layout(p: &Problem, opts: &Options, dtype: DType) -> StepLayout {
-    let n = p.tokens() * p.v_heads();
-    let qk = p.tokens() * p.heads() * p.dk();
-    let wide = |len: usize| if dtype == DType::F32 { 0 } else { len };
-    let norm = |len: usize| if opts.use_qk_l2norm { len } else { 0 };
     let mut c = Carver::default();
-    let mut l = StepLayout {
-        q32: c.f32s(wide(qk)),
-        k32: c.f32s(wide(qk)),
-        v32: c.f32s(wide(n * p.dv())),
-        qn: c.f32s(norm(qk)),
-        kn: c.f32s(norm(qk)),
-        g: c.f32s(n),
-        beta: c.f32s(n),
-        o32: c.f32s(if out_dtype(opts, dtype) == DType::F32 {
-            0
-        } else {
-            n * p.dv()
-        }),
-        bytes: 0,
-    };
-    l.bytes = c.end;
-    l
+    let prologue = Prologue::carve(&mut c, p, opts, dtype);
+    StepLayout {
+        prologue,
+        bytes: c.end,
+    }
 }
 
 /// Workspace bytes [`Plan::forward`] needs for this problem, options and input dtype (q, k, v).
@@ -476,9 +432,7 @@ pub fn step_workspace_bytes(p: &Problem, opts: &Options, dtype: DType) -> usize 
 /// its element size.
 fn check_view(
     arg: &'static str,
-    ptr: CUdeviceptr,
-    len: usize,
-    dtype: DType,
+    (ptr, len, dtype): (CUdeviceptr, usize, DType),
     want_dtype: DType,
     want_len: usize,
 ) -> Result<()> {
@@ -504,61 +458,30 @@ fn check_view(
 }
 
 fn check_ref(arg: &'static str, v: &DeviceRef<'_>, dtype: DType, len: usize) -> Result<()> {
-    check_view(arg, v.ptr, v.len, v.dtype, dtype, len)
+    check_view(arg, (v.ptr, v.len, v.dtype), dtype, len)
 }
 
 fn check_mut(arg: &'static str, v: &DeviceMut<'_>, dtype: DType, len: usize) -> Result<()> {
-    check_view(arg, v.ptr, v.len, v.dtype, dtype, len)
+    check_view(arg, (v.ptr, v.len, v.dtype), dtype, len)
 }
 
-fn check_workspace(ws: &Workspace<'_>, bytes: usize) -> Result<()> {
-    if ws.bytes < bytes {
-        return Err(Error::invalid(
-            "workspace",
-            format!("at least {bytes} bytes"),
-            format!("{} bytes", ws.bytes),
-        ));
-    }
-    if bytes > 0 && ws.ptr == 0 {
-        return Err(Error::invalid(
-            "workspace",
-            "a device address",
-            "a null pointer",
-        ));
-    }
-    if ws.ptr % WORKSPACE_ALIGN as u64 != 0 {
-        return Err(Error::invalid(
-            "workspace",
-            format!("an address aligned to {WORKSPACE_ALIGN} bytes"),
-            format!("{:#x}", ws.ptr),
-        ));
-    }
-    Ok(())
-}
-
-/// The inputs every call shares: q, k, v in `dtype`, g and beta f32, and the gate parameters
-/// exactly when `gate_in_kernel` is on.
-#[allow(clippy::too_many_arguments)]
-fn check_inputs(
+/// The inputs and the output every call has: q, k, v in `dtype`, g and beta f32, the gate
+/// parameters exactly when `gate_in_kernel` is on, `o` in the output dtype, and the workspace.
+fn check_common(
     p: &Problem,
     opts: &Options,
     dtype: DType,
-    q: &DeviceRef<'_>,
-    k: &DeviceRef<'_>,
-    v: &DeviceRef<'_>,
-    g: &DeviceRef<'_>,
-    beta: &DeviceRef<'_>,
-    a_log: Option<&DeviceRef<'_>>,
-    dt_bias: Option<&DeviceRef<'_>>,
+    (x, o): (&TokenInputs<'_>, &DeviceMut<'_>),
+    (ws, ws_bytes): (&Workspace<'_>, usize),
 ) -> Result<()> {
     let n = p.tokens() * p.v_heads();
     let qk = p.tokens() * p.heads() * p.dk();
-    check_ref("q", q, dtype, qk)?;
-    check_ref("k", k, dtype, qk)?;
-    check_ref("v", v, dtype, n * p.dv())?;
-    check_ref("g", g, DType::F32, n)?;
-    check_ref("beta", beta, DType::F32, n)?;
-    for (arg, t) in [("A_log", a_log), ("dt_bias", dt_bias)] {
+    check_ref("q", &x.q, dtype, qk)?;
+    check_ref("k", &x.k, dtype, qk)?;
+    check_ref("v", &x.v, dtype, n * p.dv())?;
+    check_ref("g", &x.g, DType::F32, n)?;
+    check_ref("beta", &x.beta, DType::F32, n)?;
+    for (arg, t) in [("A_log", &x.a_log), ("dt_bias", &x.dt_bias)] {
         match (t, opts.gate_in_kernel) {
             (Some(_), false) => {
                 return Err(Error::invalid(
@@ -581,6 +504,28 @@ fn check_inputs(
             (None, false) => {}
         }
     }
+    check_mut("o", o, out_dtype(opts, dtype), n * p.dv())?;
+    if ws.bytes < ws_bytes {
+        return Err(Error::invalid(
+            "workspace",
+            format!("at least {ws_bytes} bytes"),
+            format!("{} bytes", ws.bytes),
+        ));
+    }
+    if ws_bytes > 0 && ws.ptr == 0 {
+        return Err(Error::invalid(
+            "workspace",
+            "a device address",
+            "a null pointer",
+        ));
+    }
+    if ws.ptr % WORKSPACE_ALIGN as u64 != 0 {
+        return Err(Error::invalid(
+            "workspace",
+            format!("an address aligned to {WORKSPACE_ALIGN} bytes"),
+            format!("{:#x}", ws.ptr),
+        ));
+    }
     Ok(())
 }
 
@@ -599,53 +544,30 @@ pub(crate) fn check_forward(
             "true",
         ));
     }
-    check_inputs(
-        p,
-        opts,
-        dtype,
-        &io.q,
-        &io.k,
-        &io.v,
-        &io.g,
-        &io.beta,
-        io.a_log.as_ref(),
-        io.dt_bias.as_ref(),
-    )?;
+    let ws_bytes = forward_workspace_bytes(p, opts, dtype);
+    check_common(p, opts, dtype, (&io.inputs, &io.o), (ws, ws_bytes))?;
     let states = p.num_seqs() * p.v_heads() * p.state_len();
     if let Some(s) = &io.initial_state {
         check_ref("initial_state", s, DType::F32, states)?;
     }
-    check_mut(
-        "o",
-        &io.o,
-        out_dtype(opts, dtype),
-        p.tokens() * p.v_heads() * p.dv(),
-    )?;
     check_mut("final_state", &io.final_state, DType::F32, states)?;
     match (&io.chunk_states, opts.output_chunk_states) {
-        (Some(h), true) => check_mut(
+        (Some(h), true) => {
+            let len = p.chunks().len() * p.v_heads() * p.state_len();
+            check_mut("chunk_states", h, DType::F32, len)
+        }
+        (None, true) => Err(Error::invalid(
             "chunk_states",
-            h,
-            DType::F32,
-            p.chunks().len() * p.v_heads() * p.state_len(),
-        )?,
-        (None, true) => {
-            return Err(Error::invalid(
-                "chunk_states",
-                "a [chunks, HV, K, V] f32 buffer (output_chunk_states is on)",
-                "none",
-            ))
-        }
-        (Some(_), false) => {
-            return Err(Error::invalid(
-                "chunk_states",
-                "none unless output_chunk_states is on",
-                "a buffer",
-            ))
-        }
-        (None, false) => {}
+            "a [chunks, HV, K, V] f32 buffer (output_chunk_states is on)",
+            "none",
+        )),
+        (Some(_), false) => Err(Error::invalid(
+            "chunk_states",
+            "none unless output_chunk_states is on",
+            "a buffer",
+        )),
+        (None, false) => Ok(()),
     }
-    check_workspace(ws, forward_workspace_bytes(p, opts, dtype))
 }
 
 /// Validates a recurrent step against the problem, options and dtype.
@@ -656,31 +578,10 @@ pub(crate) fn check_step(
     io: &StepIo<'_>,
     ws: &Workspace<'_>,
 ) -> Result<()> {
-    check_inputs(
-        p,
-        opts,
-        dtype,
-        &io.q,
-        &io.k,
-        &io.v,
-        &io.g,
-        &io.beta,
-        io.a_log.as_ref(),
-        io.dt_bias.as_ref(),
-    )?;
-    check_mut(
-        "state",
-        &io.state,
-        DType::F32,
-        p.num_seqs() * p.v_heads() * p.state_len(),
-    )?;
-    check_mut(
-        "o",
-        &io.o,
-        out_dtype(opts, dtype),
-        p.tokens() * p.v_heads() * p.dv(),
-    )?;
-    check_workspace(ws, step_workspace_bytes(p, opts, dtype))
+    let ws_bytes = step_workspace_bytes(p, opts, dtype);
+    check_common(p, opts, dtype, (&io.inputs, &io.o), (ws, ws_bytes))?;
+    let states = p.num_seqs() * p.v_heads() * p.state_len();
+    check_mut("state", &io.state, DType::F32, states)
 }
 
 /// A problem shape made ready for the device: validated, its kernels loaded, its tables in
@@ -764,67 +665,74 @@ impl Plan {
         self.step.bytes
     }
 
-    /// q, k, v as f32 (widened into the workspace when 16-bit), then normalised with
-    /// `use_qk_l2norm`. Returns the addresses of q, k, v the next stages read.
+    /// What both calls start with: q, k, v as f32 (widened into the workspace when 16-bit),
+    /// normalised with `use_qk_l2norm`, and the effective gate and beta. Returns the addresses
+    /// of q, k, v, g, beta the next stages read.
     ///
     /// # Safety
-    /// The views and regions were validated against the plan.
-    #[allow(clippy::too_many_arguments)]
+    /// `x` and the workspace at `base` were validated against the plan; `l` is its layout.
     unsafe fn prologue(
         &self,
+        x: &TokenInputs<'_>,
         base: CUdeviceptr,
-        (q, k, v): (&DeviceRef<'_>, &DeviceRef<'_>, &DeviceRef<'_>),
-        (q32, k32, v32, qn, kn): (Region, Region, Region, Region, Region),
-    ) -> Result<(CUdeviceptr, CUdeviceptr, CUdeviceptr)> {
-        let dev = &*self.dev;
-        let p = &self.p;
+        l: &Prologue,
+    ) -> Result<[CUdeviceptr; 5]> {
+        let (dev, p) = (&*self.dev, &self.p);
         let widen = |x: &DeviceRef<'_>, r: Region| -> Result<CUdeviceptr> {
             if self.dtype == DType::F32 {
                 return Ok(x.ptr);
             }
             // SAFETY: x holds x.len elements of the plan's dtype; r holds as many f32.
-            unsafe { cast::widen(dev, self.dtype, x.ptr, r.at(base), x.len) }?;
+            unsafe { cast::convert(dev, self.dtype, DType::F32, x.ptr, r.at(base), x.len) }?;
             Ok(r.at(base))
         };
-        let (q, k, v) = (widen(q, q32)?, widen(k, k32)?, widen(v, v32)?);
-        if !self.opts.use_qk_l2norm {
-            return Ok((q, k, v));
+        let (mut q, mut k, v) = (
+            widen(&x.q, l.q32)?,
+            widen(&x.k, l.k32)?,
+            widen(&x.v, l.v32)?,
+        );
+        if self.opts.use_qk_l2norm {
+            let rows = p.tokens() * p.heads();
+            // SAFETY: q, k and the regions hold rows * K f32.
+            unsafe {
+                l2norm::launch(dev, q, l.qn.at(base), rows, p.dk())?;
+                l2norm::launch(dev, k, l.kn.at(base), rows, p.dk())?;
+            }
+            (q, k) = (l.qn.at(base), l.kn.at(base));
         }
-        let rows = p.tokens() * p.heads();
-        // SAFETY: q, k and the regions hold rows * K f32.
-        unsafe {
-            l2norm::launch(dev, q, qn.at(base), rows, p.dk())?;
-            l2norm::launch(dev, k, kn.at(base), rows, p.dk())?;
-        }
-        Ok((qn.at(base), kn.at(base), v))
-    }
-
-    /// The effective gate and beta into `g_out`, `beta_out`.
-    ///
-    /// # Safety
-    /// The views and regions were validated against the plan.
-    unsafe fn gate(
-        &self,
-        (g, beta, a_log, dt_bias): (
-            &DeviceRef<'_>,
-            &DeviceRef<'_>,
-            Option<&DeviceRef<'_>>,
-            Option<&DeviceRef<'_>>,
-        ),
-        g_out: CUdeviceptr,
-        beta_out: CUdeviceptr,
-    ) -> Result<()> {
+        let (g, beta) = (l.g.at(base), l.beta.at(base));
         let params = gate::Params {
-            g: g.ptr,
-            beta: beta.ptr,
-            a_log: a_log.map_or(0, |x| x.ptr),
-            dt_bias: dt_bias.map_or(0, |x| x.ptr),
-            g_out,
-            beta_out,
-            ..gate::Params::dims(&self.p, &self.opts)
+            g: x.g.ptr,
+            beta: x.beta.ptr,
+            a_log: x.a_log.map_or(0, |a| a.ptr),
+            dt_bias: x.dt_bias.map_or(0, |d| d.ptr),
+            g_out: g,
+            beta_out: beta,
+            ..Default::default()
         };
         // SAFETY: validated lengths; A_log and dt_bias present exactly with gate_in_kernel.
-        unsafe { gate::launch(&self.dev, &params) }
+        unsafe { gate::launch(dev, p, &self.opts, &params) }?;
+        Ok([q, k, v, g, beta])
+    }
+
+    /// Where `o` is computed in f32: the caller's `o` itself, or the workspace when it is 16-bit
+    /// (then [`Plan::epilogue`] narrows it).
+    fn o32(&self, o: &DeviceMut<'_>, base: CUdeviceptr, l: &Prologue) -> CUdeviceptr {
+        if o.dtype == DType::F32 {
+            o.ptr
+        } else {
+            l.o32.at(base)
+        }
+    }
+
+    /// Narrows the f32 output at `o32` into a 16-bit `o`.
+    ///
+    /// # Safety
+    /// As [`Plan::prologue`]; `o32` is [`Plan::o32`]'s answer.
+    unsafe fn epilogue(&self, o32: CUdeviceptr, o: &DeviceMut<'_>) -> Result<()> {
+        // SAFETY: both hold o.len elements (the call was validated); equal addresses only for
+        // an f32 o, where nothing is queued.
+        unsafe { cast::convert(&self.dev, DType::F32, o.dtype, o32, o.ptr, o.len) }
     }
 
     /// The chunked forward: reads `io`'s inputs, writes `o`, `final_state` and, with
@@ -839,131 +747,88 @@ impl Plan {
         // the stages below and returns: `fused::forward(dev, p, opts, &io)` over the validated
         // addresses of `io` (`DeviceRef::ptr`, `DeviceMut::ptr`) and of `workspace`, with
         // `forward_workspace_bytes` taking the larger of the two paths' needs.
-        let base = workspace.ptr;
-        let l = &self.forward;
-        let t = self.tables.ptrs();
+        let (base, l, t) = (workspace.ptr, &self.forward, self.tables.ptrs());
         // SAFETY (every block below): each address is a validated caller view or a region of the
-        // validated workspace sized by `forward_layout` for this plan; tables are the plan's.
-        let (q, k, v) = unsafe {
-            self.prologue(
-                base,
-                (&io.q, &io.k, &io.v),
-                (l.q32, l.k32, l.v32, l.qn, l.kn),
-            )
-        }?;
-        let (g, beta) = (l.g.at(base), l.beta.at(base));
-        unsafe {
-            self.gate(
-                (&io.g, &io.beta, io.a_log.as_ref(), io.dt_bias.as_ref()),
-                g,
-                beta,
-            )
-        }?;
+        // validated workspace laid out for this plan; `t` are the plan's tables.
+        let [q, k, v, g, beta] = unsafe { self.prologue(&io.inputs, base, &l.prologue) }?;
         let gamma = GammaPtrs {
             gamma: l.gamma.at(base),
             lo: l.lo.at(base),
             seg: l.seg.at(base),
         };
-        let params = cumsum::Params {
-            g,
-            gamma,
-            ..cumsum::Params::dims(p, &t)
-        };
-        unsafe { cumsum::launch(dev, p, &params) }?;
-        let a_strict = l.a_strict.at(base);
-        let params = kkt::Params {
-            k,
-            beta,
-            gamma,
-            a_strict,
-            ..kkt::Params::dims(p, &t)
-        };
-        unsafe { kkt::launch(dev, p, &params) }?;
-        let a_inv = l.a_inv.at(base);
-        let params = solve_tril::Params {
-            a_strict,
-            a_inv,
-            ..solve_tril::Params::dims(p, &t)
-        };
-        unsafe { solve_tril::launch(dev, p, &params) }?;
-        let (w, u) = (l.w.at(base), l.u.at(base));
-        let params = wy::Params {
-            k,
-            v,
-            beta,
-            gamma,
-            a_inv,
-            w,
-            u,
-            ..wy::Params::dims(p, &t)
-        };
-        unsafe { wy::launch(dev, p, &params) }?;
+        let (a_strict, a_inv) = (l.a_strict.at(base), l.a_inv.at(base));
+        let (w, u, v_new) = (l.w.at(base), l.u.at(base), l.v_new.at(base));
         let h = io.chunk_states.as_ref().map_or(l.h.at(base), |h| h.ptr);
-        let v_new = l.v_new.at(base);
-        let params = chunk_state::Params {
-            k,
-            w,
-            u,
-            gamma,
-            h0: io.initial_state.as_ref().map_or(0, |s| s.ptr),
-            h,
-            v_new,
-            final_state: io.final_state.ptr,
-            ..chunk_state::Params::dims(p, &t)
-        };
-        unsafe { chunk_state::launch(dev, p, &params) }?;
-        let o_dtype = out_dtype(opts, self.dtype);
-        let o32 = if o_dtype == DType::F32 {
-            io.o.ptr
-        } else {
-            l.o32.at(base)
-        };
-        let params = chunk_output::Params {
-            q,
-            k,
-            v_new,
-            h,
-            gamma,
-            o: o32,
-            ..chunk_output::Params::dims(p, &t, opts.scale_for(p.dk()))
-        };
-        unsafe { chunk_output::launch(dev, p, &params) }?;
-        if o_dtype != DType::F32 {
-            unsafe { cast::narrow(dev, o_dtype, o32, io.o.ptr, io.o.len) }?;
+        let o32 = self.o32(&io.o, base, &l.prologue);
+        unsafe {
+            let params = cumsum::Params {
+                g,
+                gamma,
+                ..Default::default()
+            };
+            cumsum::launch(dev, p, &t, &params)?;
+            let params = kkt::Params {
+                k,
+                beta,
+                gamma,
+                a_strict,
+                ..Default::default()
+            };
+            kkt::launch(dev, p, &t, &params)?;
+            let params = solve_tril::Params {
+                a_strict,
+                a_inv,
+                ..Default::default()
+            };
+            solve_tril::launch(dev, p, &t, &params)?;
+            let params = wy::Params {
+                k,
+                v,
+                beta,
+                gamma,
+                a_inv,
+                w,
+                u,
+                ..Default::default()
+            };
+            wy::launch(dev, p, &t, &params)?;
+            let params = chunk_state::Params {
+                k,
+                w,
+                u,
+                gamma,
+                h0: io.initial_state.map_or(0, |s| s.ptr),
+                h,
+                v_new,
+                final_state: io.final_state.ptr,
+                ..Default::default()
+            };
+            chunk_state::launch(dev, p, &t, &params)?;
+            let params = chunk_output::Params {
+                q,
+                k,
+                v_new,
+                h,
+                gamma,
+                o: o32,
+                scale: opts.scale_for(p.dk()),
+                ..Default::default()
+            };
+            chunk_output::launch(dev, p, &t, &params)?;
+            self.epilogue(o32, &io.o)
         }
-        Ok(())
     }
 
     /// The recurrent (decode) step: advances `io.state` in place through the tokens of `io`
     /// and writes `o`; intermediates live in `workspace` (at least
     /// [`Plan::step_workspace_bytes`]). Checked first, then queued without waiting.
     pub fn recurrent_step(&self, io: StepIo<'_>, workspace: Workspace<'_>) -> Result<()> {
-        let (p, opts, dev) = (&self.p, &self.opts, &*self.dev);
+        let (p, opts) = (&self.p, &self.opts);
         check_step(p, opts, self.dtype, &io, &workspace)?;
-        let base = workspace.ptr;
-        let l = &self.step;
+        let (base, l) = (workspace.ptr, &self.step.prologue);
         // SAFETY (every block below): as in `forward`.
-        let (q, k, v) = unsafe {
-            self.prologue(
-                base,
-                (&io.q, &io.k, &io.v),
-                (l.q32, l.k32, l.v32, l.qn, l.kn),
-            )
-        }?;
-        let (g, beta) = (l.g.at(base), l.beta.at(base));
-        unsafe {
-            self.gate(
-                (&io.g, &io.beta, io.a_log.as_ref(), io.dt_bias.as_ref()),
-                g,
-                beta,
-            )
-        }?;
-        let o_dtype = out_dtype(opts, self.dtype);
-        let o32 = if o_dtype == DType::F32 {
-            io.o.ptr
-        } else {
-            l.o32.at(base)
-        };
+        let [q, k, v, g, beta] = unsafe { self.prologue(&io.inputs, base, l) }?;
+        let o32 = self.o32(&io.o, base, l);
         let params = recurrent::Params {
             q,
             k,
@@ -972,13 +837,14 @@ impl Plan {
             beta,
             state: io.state.ptr,
             o: o32,
-            ..recurrent::Params::dims(p, &self.tables.ptrs(), opts.scale_for(p.dk()))
+            scale: opts.scale_for(p.dk()),
+            ..Default::default()
         };
-        unsafe { recurrent::launch(dev, p, opts.state_v_first, &params) }?;
-        if o_dtype != DType::F32 {
-            unsafe { cast::narrow(dev, o_dtype, o32, io.o.ptr, io.o.len) }?;
+        let t = self.tables.ptrs();
+        unsafe {
+            recurrent::launch(&self.dev, p, &t, opts.state_v_first, &params)?;
+            self.epilogue(o32, &io.o)
         }
-        Ok(())
     }
 }
 
@@ -1008,9 +874,10 @@ mod tests {
 
     /// The regions of a layout, in order.
     fn regions(l: &ForwardLayout) -> Vec<Region> {
+        let x = &l.prologue;
         vec![
-            l.q32, l.k32, l.v32, l.qn, l.kn, l.g, l.beta, l.gamma, l.lo, l.seg, l.a_strict,
-            l.a_inv, l.w, l.u, l.h, l.v_new, l.o32,
+            x.q32, x.k32, x.v32, x.qn, x.kn, x.g, x.beta, x.o32, l.gamma, l.lo, l.seg, l.a_strict,
+            l.a_inv, l.w, l.u, l.h, l.v_new,
         ]
     }
 
@@ -1096,8 +963,8 @@ mod tests {
                 let n = p.tokens() * p.v_heads();
                 assert_eq!(l.a_inv.bytes, n * 64 * 4);
                 assert_eq!(l.h.bytes, p.chunks().len() * 6 * 40 * 24 * 4);
-                assert_eq!(l.q32.bytes > 0, dtype != DType::F32);
-                assert_eq!(l.kn.bytes > 0, l2);
+                assert_eq!(l.prologue.q32.bytes > 0, dtype != DType::F32);
+                assert_eq!(l.prologue.kn.bytes > 0, l2);
             }
         }
     }
@@ -1117,18 +984,20 @@ mod tests {
         let n = p.tokens() * p.v_heads();
         let qk = p.tokens() * p.heads() * p.dk();
         let states = p.num_seqs() * p.v_heads() * p.state_len();
+        let inputs = TokenInputs::new(
+            view(0x1000, qk, dtype),
+            view(0x2000, qk, dtype),
+            view(0x3000, n * p.dv(), dtype),
+            view(0x4000, n, DType::F32),
+            view(0x5000, n, DType::F32),
+        );
         ForwardIo {
-            q: view(0x1000, qk, dtype),
-            k: view(0x2000, qk, dtype),
-            v: view(0x3000, n * p.dv(), dtype),
-            g: view(0x4000, n, DType::F32),
-            beta: view(0x5000, n, DType::F32),
             initial_state: Some(view(0x6000, states, DType::F32)),
-            a_log: None,
-            dt_bias: None,
-            o: view_mut(0x7000, n * p.dv(), dtype),
-            final_state: view_mut(0x6000, states, DType::F32),
-            chunk_states: None,
+            ..ForwardIo::new(
+                inputs,
+                view_mut(0x7000, n * p.dv(), dtype),
+                view_mut(0x6000, states, DType::F32),
+            )
         }
     }
 
@@ -1154,29 +1023,29 @@ mod tests {
         check_forward(&p, &opts, DType::BF16, &io(&p, DType::BF16), &ws(bytes)).unwrap();
 
         let mut x = io(&p, DType::BF16);
-        x.q = view(0x1000, 19, DType::BF16);
+        x.inputs.q = view(0x1000, 19, DType::BF16);
         assert_eq!(
             arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
             "q"
         );
         let mut x = io(&p, DType::BF16);
-        x.k = view(0x2000, 20, DType::F16);
+        x.inputs.k = view(0x2000, 20, DType::F16);
         let e = check_forward(&p, &opts, DType::BF16, &x, &ws(bytes)).unwrap_err();
         assert_eq!(e.to_string(), "k: expected dtype bf16, got dtype f16");
         let mut x = io(&p, DType::BF16);
-        x.v = view(0, 30, DType::BF16);
+        x.inputs.v = view(0, 30, DType::BF16);
         assert_eq!(
             arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
             "v"
         );
         let mut x = io(&p, DType::BF16);
-        x.g = view(0x4000, 10, DType::BF16);
+        x.inputs.g = view(0x4000, 10, DType::BF16);
         assert_eq!(
             arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
             "g"
         );
         let mut x = io(&p, DType::BF16);
-        x.beta = view(0x5001, 10, DType::F32);
+        x.inputs.beta = view(0x5001, 10, DType::F32);
         assert_eq!(
             arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
             "beta"
@@ -1200,7 +1069,7 @@ mod tests {
             "final_state"
         );
         let mut x = io(&p, DType::BF16);
-        x.a_log = Some(view(0x8000, 2, DType::F32));
+        x.inputs.a_log = Some(view(0x8000, 2, DType::F32));
         assert_eq!(
             arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
             "A_log"
@@ -1233,13 +1102,13 @@ mod tests {
             "A_log"
         );
         let mut x = io(&p, DType::F32);
-        x.a_log = Some(view(0x8000, 2, DType::F32));
-        x.dt_bias = Some(view(0x9000, 3, DType::F32));
+        x.inputs.a_log = Some(view(0x8000, 2, DType::F32));
+        x.inputs.dt_bias = Some(view(0x9000, 3, DType::F32));
         assert_eq!(
             arg(check_forward(&p, &gate, DType::F32, &x, &ws(bytes))),
             "dt_bias"
         );
-        x.dt_bias = Some(view(0x9000, 2, DType::F32));
+        x.inputs.dt_bias = Some(view(0x9000, 2, DType::F32));
         check_forward(&p, &gate, DType::F32, &x, &ws(bytes)).unwrap();
 
         let h = Options {
@@ -1280,13 +1149,13 @@ mod tests {
         let p = problem(&opts);
         let bytes = step_workspace_bytes(&p, &opts, DType::F16);
         let step = |state_len: usize, o_dtype: DType| StepIo {
-            q: view(0x1000, 20, DType::F16),
-            k: view(0x2000, 20, DType::F16),
-            v: view(0x3000, 30, DType::F16),
-            g: view(0x4000, 10, DType::F32),
-            beta: view(0x5000, 10, DType::F32),
-            a_log: None,
-            dt_bias: None,
+            inputs: TokenInputs::new(
+                view(0x1000, 20, DType::F16),
+                view(0x2000, 20, DType::F16),
+                view(0x3000, 30, DType::F16),
+                view(0x4000, 10, DType::F32),
+                view(0x5000, 10, DType::F32),
+            ),
             state: view_mut(0x6000, state_len, DType::F32),
             o: view_mut(0x7000, 30, o_dtype),
         };

@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::problem::Problem;
 pub use engine::{
     forward_workspace_bytes, step_workspace_bytes, DeviceMut, DeviceRef, ForwardIo, Plan, StepIo,
-    Workspace, WORKSPACE_ALIGN,
+    TokenInputs, Workspace, WORKSPACE_ALIGN,
 };
 use registry::{lock, Kernel, KernelParams, Key};
 use stages::{ChunkTable, TablePtrs};

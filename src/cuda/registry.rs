@@ -139,14 +139,10 @@ impl Source {
 /// One kernel (an `extern "C" __global__` function) of a [`Source`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// bf16 to f32, exact.
-    Bf16ToF32,
-    /// f16 to f32, exact.
-    F16ToF32,
-    /// f32 to bf16, round to nearest even.
-    F32ToBf16,
-    /// f32 to f16, round to nearest even.
-    F32ToF16,
+    /// bf16 or f16 to f32, exact.
+    Widen,
+    /// f32 to bf16 or f16, round to nearest even.
+    Narrow,
     /// Row normalisation.
     L2norm,
     /// The effective gate and beta.
@@ -171,11 +167,9 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel of the backend.
-    pub const ALL: [Kernel; 14] = [
-        Kernel::Bf16ToF32,
-        Kernel::F16ToF32,
-        Kernel::F32ToBf16,
-        Kernel::F32ToF16,
+    pub const ALL: [Kernel; 12] = [
+        Kernel::Widen,
+        Kernel::Narrow,
         Kernel::L2norm,
         Kernel::Gate,
         Kernel::ChunkLocalCumsum,
@@ -191,9 +185,7 @@ impl Kernel {
     /// The source the kernel is defined in.
     pub fn source(self) -> Source {
         match self {
-            Kernel::Bf16ToF32 | Kernel::F16ToF32 | Kernel::F32ToBf16 | Kernel::F32ToF16 => {
-                Source::Cast
-            }
+            Kernel::Widen | Kernel::Narrow => Source::Cast,
             Kernel::L2norm => Source::L2norm,
             Kernel::Gate => Source::Gate,
             Kernel::ChunkLocalCumsum => Source::Cumsum,
@@ -209,10 +201,8 @@ impl Kernel {
     /// The function's name in its source.
     pub fn name(self) -> &'static str {
         match self {
-            Kernel::Bf16ToF32 => "bf16_to_f32",
-            Kernel::F16ToF32 => "f16_to_f32",
-            Kernel::F32ToBf16 => "f32_to_bf16",
-            Kernel::F32ToF16 => "f32_to_f16",
+            Kernel::Widen => "widen",
+            Kernel::Narrow => "narrow",
             Kernel::L2norm => "l2norm",
             Kernel::Gate => "gate",
             Kernel::ChunkLocalCumsum => "chunk_local_cumsum",

@@ -18,9 +18,8 @@ struct ChunkOutputParams {
     GammaIn gm;
     float* o;  // [B, T, HV, V]
     Chunks chunks;
-    i64 heads, hv, dk, dv;
+    Shape s;
     float scale;
-    int tiled;
 };
 static_assert(sizeof(ChunkOutputParams) == PARAMS_BYTES, "ChunkOutputParams differs from its Rust mirror");
 
@@ -33,14 +32,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_output(const ChunkOu
     const float* __restrict__ lo = P.gm.lo;
     const float* __restrict__ seg = P.gm.seg;
     float* __restrict__ o = P.o;
-    const i64 h = P.heads, hv = P.hv, dk = P.dk, dv = P.dv;
+    const i64 h = P.s.heads, hv = P.s.hv, dk = P.s.dk, dv = P.s.dv;
     __shared__ float qs[BT][DT + 1];
     __shared__ float ks[BT][DT + 1];
     __shared__ float p[BT][BT + 1];
     __shared__ float d0[BT];
     BLOCK_LOOP(item, P.chunks.count * hv) {
         const i64 c = item / hv, j = item % hv;
-        const i64 kh = qk_head(j, h, hv, P.tiled);
+        const i64 kh = qk_head(j, h, hv, P.s.tiled);
         const i64 start = P.chunks.start[c], n = P.chunks.len[c];
         float acc[EPT];
 #pragma unroll

@@ -19,9 +19,10 @@ struct ChunkStateParams {
     float* final_state;  // [N, HV, K, V]
     Chunks chunks;
     const i64* seq_first_chunk;  // [N + 1]
-    i64 seqs, heads, hv, dk, dv, vt;
-    int tiled;
-    int staged;
+    Shape s;
+    i64 seqs;
+    i64 vt;      // state columns per block
+    int staged;  // the chunk's w and k rows are staged in shared memory
 };
 static_assert(sizeof(ChunkStateParams) == PARAMS_BYTES, "ChunkStateParams differs from its Rust mirror");
 
@@ -38,7 +39,7 @@ extern "C" __global__ void chunk_state(const ChunkStateParams P) {
     float* final_state = P.final_state;
     const i64* __restrict__ chunk_start = P.chunks.start;
     const i64* __restrict__ chunk_len = P.chunks.len;
-    const i64 h = P.heads, hv = P.hv, dk = P.dk, dv = P.dv, vt = P.vt;
+    const i64 h = P.s.heads, hv = P.s.hv, dk = P.s.dk, dv = P.s.dv, vt = P.vt;
     extern __shared__ float smem[];
     float* s = smem;                 // [dk][vt]
     float* vn = s + dk * vt;         // [BT][vt]
@@ -50,7 +51,7 @@ extern "C" __global__ void chunk_state(const ChunkStateParams P) {
     BLOCK_LOOP(item, P.seqs * hv * tiles) {
         const i64 tile = item % tiles, rest = item / tiles;
         const i64 j = rest % hv, n = rest / hv;
-        const i64 kh = qk_head(j, h, hv, P.tiled);
+        const i64 kh = qk_head(j, h, hv, P.s.tiled);
         const i64 c0 = tile * vt;
         const i64 cw = dv - c0 < vt ? dv - c0 : vt;
         __syncthreads();

@@ -25,6 +25,13 @@ struct Chunks {
     i64 count;
 };
 
+// The dimensions most kernels take: H q/k heads, HV value heads, K, V, and the head map (tiled:
+// value head j reads q/k head j % H; grouped: j / (HV / H)).
+struct Shape {
+    i64 heads, hv, dk, dv;
+    int tiled;
+};
+
 // The decay from token j to token i of one chunk (see the Gamma doc in backend.rs): the
 // difference of the running sums plus the difference of their rounding errors.
 __device__ __forceinline__ float decay(float gamma_i, float lo_i, float seg_i, float gamma_j,

@@ -13,8 +13,7 @@ struct KktParams {
     GammaIn gm;
     float* a_strict;  // [B, T, HV, BT], zeroed
     Chunks chunks;
-    i64 heads, hv, dk;
-    int tiled;
+    Shape s;  // dv unused
 };
 static_assert(sizeof(KktParams) == PARAMS_BYTES, "KktParams differs from its Rust mirror");
 
@@ -25,11 +24,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_scaled_dot_kkt(const
     const float* __restrict__ lo = P.gm.lo;
     const float* __restrict__ seg = P.gm.seg;
     float* __restrict__ a = P.a_strict;
-    const i64 h = P.heads, hv = P.hv, dk = P.dk;
+    const i64 h = P.s.heads, hv = P.s.hv, dk = P.s.dk;
     __shared__ float ks[BT][DT + 1];
     BLOCK_LOOP(item, P.chunks.count * hv) {
         const i64 c = item / hv, j = item % hv;
-        const i64 kh = qk_head(j, h, hv, P.tiled);
+        const i64 kh = qk_head(j, h, hv, P.s.tiled);
         const i64 start = P.chunks.start[c], n = P.chunks.len[c];
         float acc[EPT];
 #pragma unroll

@@ -10,8 +10,7 @@ struct WyParams {
     float* w;            // [B, T, HV, K]
     float* u;            // [B, T, HV, V]
     Chunks chunks;
-    i64 heads, hv, dk, dv;
-    int tiled;
+    Shape s;
 };
 static_assert(sizeof(WyParams) == PARAMS_BYTES, "WyParams differs from its Rust mirror");
 
@@ -25,12 +24,12 @@ extern "C" __global__ void recompute_w_u(const WyParams P) {
     const float* __restrict__ a_inv = P.a_inv;
     float* __restrict__ w = P.w;
     float* __restrict__ u = P.u;
-    const i64 h = P.heads, hv = P.hv, dk = P.dk, dv = P.dv;
+    const i64 h = P.s.heads, hv = P.s.hv, dk = P.s.dk, dv = P.s.dv;
     __shared__ float cw[BT][BT + 1];
     __shared__ float cu[BT][BT + 1];
     BLOCK_LOOP(item, P.chunks.count * hv) {
         const i64 c = item / hv, j = item % hv;
-        const i64 kh = qk_head(j, h, hv, P.tiled);
+        const i64 kh = qk_head(j, h, hv, P.s.tiled);
         const i64 start = P.chunks.start[c], n = P.chunks.len[c];
         __syncthreads();
         for (i64 e = threadIdx.x; e < n * n; e += blockDim.x) {

@@ -1,13 +1,12 @@
 //! Conversions between 16-bit floats and f32 on the device (kernels/cast.cu).
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::DeviceRepr;
 
-use super::{cfg, i};
-use crate::cuda::registry::{Kernel, KernelParams, Source};
+use super::{cfg, i, kernel_params};
+use crate::cuda::registry::{Kernel, Source};
 use crate::cuda::CudaDevice;
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 const THREADS: usize = 256;
 
@@ -20,67 +19,48 @@ pub(crate) struct Params {
     /// `n` elements of the destination type.
     pub y: CUdeviceptr,
     pub n: i64,
+    /// The 16-bit side is bf16 (1) or f16 (0).
+    pub bf16: i32,
 }
-// SAFETY: plain old data, laid out as the kernel's struct.
-unsafe impl DeviceRepr for Params {}
-// SAFETY: the struct of kernels/cast.cu.
-unsafe impl KernelParams for Params {
-    const SOURCE: Source = Source::Cast;
-}
+kernel_params!(Params, Source::Cast);
 
-/// `n` 16-bit floats of type `from` at `x` widened (exactly) to f32 at `y`.
+/// `n` elements at `x` of type `from` written at `y` as type `to`: 16 bits widened to f32
+/// exactly, f32 narrowed to 16 bits with round-to-nearest-even, f32 copied.
 ///
 /// # Safety
-/// `x` and `y` hold `n` elements of their types, on the device's context, and do not overlap.
-pub(crate) unsafe fn widen(
+/// `x` and `y` hold `n` elements of their types on the device's context, and are equal (f32 to
+/// f32 only) or do not overlap.
+pub(crate) unsafe fn convert(
     dev: &CudaDevice,
     from: DType,
-    x: CUdeviceptr,
-    y: CUdeviceptr,
-    n: usize,
-) -> Result<()> {
-    let kernel = match from {
-        DType::BF16 => Kernel::Bf16ToF32,
-        DType::F16 => Kernel::F16ToF32,
-        DType::F32 => return dev.copy_f32(x, y, n),
-    };
-    launch(dev, kernel, x, y, n)
-}
-
-/// `n` f32 at `x` rounded to nearest even into type `to` at `y`.
-///
-/// # Safety
-/// As [`widen`].
-pub(crate) unsafe fn narrow(
-    dev: &CudaDevice,
     to: DType,
     x: CUdeviceptr,
     y: CUdeviceptr,
     n: usize,
 ) -> Result<()> {
-    let kernel = match to {
-        DType::BF16 => Kernel::F32ToBf16,
-        DType::F16 => Kernel::F32ToF16,
-        DType::F32 => return dev.copy_f32(x, y, n),
+    let (kernel, half) = match (from, to) {
+        // SAFETY: the caller's.
+        (DType::F32, DType::F32) => return unsafe { dev.copy_f32(x, y, n) },
+        (half, DType::F32) => (Kernel::Widen, half),
+        (DType::F32, half) => (Kernel::Narrow, half),
+        _ => {
+            return Err(Error::invalid(
+                "dtype",
+                "a conversion to or from f32",
+                format!("{from} to {to}"),
+            ))
+        }
     };
-    launch(dev, kernel, x, y, n)
-}
-
-unsafe fn launch(
-    dev: &CudaDevice,
-    kernel: Kernel,
-    x: CUdeviceptr,
-    y: CUdeviceptr,
-    n: usize,
-) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
-    let params = Params { x, y, n: i(n) };
-    dev.launch(
-        kernel,
-        None,
-        cfg(n.div_ceil(THREADS), THREADS as u32, 0),
-        &params,
-    )
+    let params = Params {
+        x,
+        y,
+        n: i(n),
+        bf16: i32::from(half == DType::BF16),
+    };
+    let launch = cfg(n.div_ceil(THREADS), THREADS as u32, 0);
+    // SAFETY: the caller's.
+    unsafe { dev.launch(kernel, None, launch, &params) }
 }

@@ -1,10 +1,9 @@
 //! The sequential pass over each sequence's chunks (kernels/chunk_state.cu).
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::DeviceRepr;
 
-use super::{cfg, i, tiled, ChunkTable, GammaPtrs, TablePtrs};
-use crate::cuda::registry::{Kernel, KernelParams, Source};
+use super::{cfg, i, kernel_params, ChunkTable, GammaPtrs, Shape, TablePtrs};
+use crate::cuda::registry::{Kernel, Source};
 use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use crate::problem::Problem;
@@ -17,62 +16,31 @@ const MIN_BLOCKS: usize = 256;
 
 const THREADS: u32 = 256;
 
-/// Mirrors `ChunkStateParams` in kernels/chunk_state.cu.
+/// Mirrors `ChunkStateParams` in kernels/chunk_state.cu: `k` `[B, T, H, K]`, `w`
+/// `[B, T, HV, K]`, `u` `[B, T, HV, V]`, `h0` `[N, HV, K, V]` (null: zero states; it may be
+/// `final_state`, advanced in place); written: `h` (the state entering each chunk)
+/// `[chunks, HV, K, V]`, `v_new` `[B, T, HV, V]`, `final_state` `[N, HV, K, V]`; all f32.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Params {
-    /// `[B, T, H, K]` f32.
     pub k: CUdeviceptr,
-    /// `[B, T, HV, K]` f32.
     pub w: CUdeviceptr,
-    /// `[B, T, HV, V]` f32.
     pub u: CUdeviceptr,
     pub gamma: GammaPtrs,
-    /// `[N, HV, K, V]` f32; null means zero states. May equal `final_state` (updated in place).
     pub h0: CUdeviceptr,
-    /// `[chunks, HV, K, V]` f32, written: the state entering each chunk.
     pub h: CUdeviceptr,
-    /// `[B, T, HV, V]` f32, written.
     pub v_new: CUdeviceptr,
-    /// `[N, HV, K, V]` f32, written.
     pub final_state: CUdeviceptr,
     pub chunks: ChunkTable,
-    /// `[N + 1]` i64.
     pub seq_first_chunk: CUdeviceptr,
+    pub shape: Shape,
     pub seqs: i64,
-    pub heads: i64,
-    pub hv: i64,
-    pub dk: i64,
-    pub dv: i64,
-    /// State columns per block (set by [`launch`]).
+    /// State columns per block.
     pub vt: i64,
-    pub tiled: i32,
-    /// Whether the chunk's w and k rows are staged in shared memory (set by [`launch`]).
+    /// Whether the chunk's w and k rows are staged in shared memory.
     pub staged: i32,
 }
-// SAFETY: plain old data, laid out as the kernel's struct.
-unsafe impl DeviceRepr for Params {}
-// SAFETY: the struct of kernels/chunk_state.cu.
-unsafe impl KernelParams for Params {
-    const SOURCE: Source = Source::ChunkState;
-}
-
-impl Params {
-    /// The dimensions of `p` and its tables, every array pointer null.
-    pub(crate) fn dims(p: &Problem, t: &TablePtrs) -> Params {
-        Params {
-            chunks: t.chunks,
-            seq_first_chunk: t.seq_first_chunk,
-            seqs: i(p.num_seqs()),
-            heads: i(p.heads()),
-            hv: i(p.v_heads()),
-            dk: i(p.dk()),
-            dv: i(p.dv()),
-            tiled: tiled(p),
-            ..Params::default()
-        }
-    }
-}
+kernel_params!(Params, Source::ChunkState);
 
 /// How the pass is tiled on one GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,24 +86,30 @@ pub(crate) fn tiling(p: &Problem, limit: usize) -> Result<Tiling> {
 }
 
 /// # Safety
-/// Every pointer of `params` holds its documented layout of `p` (`h0` null or valid), and the
-/// tables are `p`'s, on the device's context.
-pub(crate) unsafe fn launch(dev: &CudaDevice, p: &Problem, params: &Params) -> Result<()> {
+/// Every pointer of `params` holds its documented layout of `p`, and `t` are `p`'s tables, on
+/// the device's context.
+pub(crate) unsafe fn launch(
+    dev: &CudaDevice,
+    p: &Problem,
+    t: &TablePtrs,
+    params: &Params,
+) -> Result<()> {
     let items_per_tile = p.num_seqs() * p.v_heads();
     if items_per_tile == 0 {
         return Ok(());
     }
-    let t = tiling(p, dev.max_shared_per_block())?;
+    let tiling = tiling(p, dev.max_shared_per_block())?;
     let params = Params {
-        vt: i(t.vt),
-        staged: i32::from(t.staged),
+        chunks: t.chunks,
+        seq_first_chunk: t.seq_first_chunk,
+        shape: Shape::of(p),
+        seqs: i(p.num_seqs()),
+        vt: i(tiling.vt),
+        staged: i32::from(tiling.staged),
         ..*params
     };
-    let items = items_per_tile * p.dv().div_ceil(t.vt);
-    dev.launch(
-        Kernel::ChunkState,
-        Some(p.chunk_size()),
-        cfg(items, THREADS, t.shared as u32),
-        &params,
-    )
+    let items = items_per_tile * p.dv().div_ceil(tiling.vt);
+    let launch = cfg(items, THREADS, tiling.shared as u32);
+    // SAFETY: the caller's.
+    unsafe { dev.launch(Kernel::ChunkState, Some(p.chunk_size()), launch, &params) }
 }

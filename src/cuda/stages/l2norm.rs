@@ -1,33 +1,25 @@
 //! `x / sqrt(sum x^2 + 1e-6)` over rows (kernels/l2norm.cu).
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::DeviceRepr;
 
-use super::{cfg, i};
-use crate::cuda::registry::{Kernel, KernelParams, Source};
+use super::{cfg, i, kernel_params};
+use crate::cuda::registry::{Kernel, Source};
 use crate::cuda::CudaDevice;
 use crate::error::Result;
 
 /// Rows per block (one warp each).
 const ROWS_PER_BLOCK: usize = 8;
 
-/// Mirrors `L2normParams` in kernels/l2norm.cu.
+/// Mirrors `L2normParams` in kernels/l2norm.cu: `x` and `y` are `[rows, dim]` f32.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Params {
-    /// `[rows, dim]` f32.
     pub x: CUdeviceptr,
-    /// `[rows, dim]` f32.
     pub y: CUdeviceptr,
     pub rows: i64,
     pub dim: i64,
 }
-// SAFETY: plain old data, laid out as the kernel's struct.
-unsafe impl DeviceRepr for Params {}
-// SAFETY: the struct of kernels/l2norm.cu.
-unsafe impl KernelParams for Params {
-    const SOURCE: Source = Source::L2norm;
-}
+kernel_params!(Params, Source::L2norm);
 
 /// `y = x / sqrt(sum x^2 + 1e-6)` over each of `rows` rows of `dim` elements.
 ///
@@ -50,5 +42,6 @@ pub(crate) unsafe fn launch(
         dim: i(dim),
     };
     let launch = cfg(rows.div_ceil(ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK as u32, 0);
-    dev.launch(Kernel::L2norm, None, launch, &params)
+    // SAFETY: the caller's.
+    unsafe { dev.launch(Kernel::L2norm, None, launch, &params) }
 }

@@ -1,11 +1,11 @@
-//! The stage-by-stage GPU path: one kernel per stage, the same stages and file names as
-//! `src/cpu/stages/`. It is the reference the fused kernels are tested against.
+//! The stage-by-stage GPU path: one kernel per stage, the same stages and file names as the
+//! CPU's. It is the reference the fused kernels are tested against.
 //!
 //! Each stage has a `#[repr(C)]` params struct mirrored field by field in its source under
-//! `src/cuda/kernels/` (pointers are [`CUdeviceptr`]s), and an `unsafe fn launch` that fills the
-//! dimensions from the [`Problem`] and queues the kernel on the device's stream. Launchers read
-//! and write raw device memory only, so the same code serves the [`crate::Backend`] impl (which
-//! allocates the outputs first) and the engine API (which carves them from a caller's
+//! `src/cuda/kernels/` (pointers are [`CUdeviceptr`]s), and an `unsafe fn launch` that completes
+//! the dimensions from the [`Problem`] and queues the kernel on the device's stream. Launchers
+//! read and write raw device memory only, so the same code serves the [`crate::Backend`] impl
+//! (which allocates the outputs first) and the engine API (which carves them from a caller's
 //! workspace). Nothing here allocates or waits for the host.
 
 pub(crate) mod cast;
@@ -22,12 +22,29 @@ pub(crate) mod wy;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::LaunchConfig;
 
+use super::registry::{Kernel, KernelParams};
+use super::CudaDevice;
+use crate::error::Result;
 use crate::options::HeadMap;
 use crate::problem::Problem;
 
 /// Blocks per launch at most; kernels loop over the work items beyond it, so no item count hits
 /// a grid limit (the x dimension alone is used).
 const MAX_BLOCKS: usize = 1 << 22;
+
+/// Implements the traits of a kernel's params struct, mirrored in `$source`.
+macro_rules! kernel_params {
+    ($t:ty, $source:expr) => {
+        // SAFETY: plain old data (#[repr(C)]: device addresses and numbers), laid out as the
+        // struct the source's kernels take; the source checks the size when it compiles.
+        unsafe impl cudarc::driver::DeviceRepr for $t {}
+        // SAFETY: as above.
+        unsafe impl crate::cuda::registry::KernelParams for $t {
+            const SOURCE: crate::cuda::registry::Source = $source;
+        }
+    };
+}
+pub(crate) use kernel_params;
 
 /// The three arrays of a [`crate::Gamma`] (`GammaIn` in `common.cuh`).
 #[repr(C)]
@@ -46,6 +63,30 @@ pub(crate) struct ChunkTable {
     pub start: CUdeviceptr,
     pub len: CUdeviceptr,
     pub count: i64,
+}
+
+/// The dimensions most kernels take (`Shape` in `common.cuh`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub heads: i64,
+    pub hv: i64,
+    pub dk: i64,
+    pub dv: i64,
+    /// 1 for the tiled head map, 0 for grouped.
+    pub tiled: i32,
+}
+
+impl Shape {
+    pub(crate) fn of(p: &Problem) -> Shape {
+        Shape {
+            heads: i(p.heads()),
+            hv: i(p.v_heads()),
+            dk: i(p.dk()),
+            dv: i(p.dv()),
+            tiled: i32::from(p.head_map() == HeadMap::Tiled),
+        }
+    }
 }
 
 /// A problem's tables on the device (i64 arrays), by address.
@@ -67,9 +108,24 @@ pub(crate) fn cfg(blocks: usize, threads: u32, shared_mem_bytes: u32) -> LaunchC
     }
 }
 
-/// `1` for the tiled head map, `0` for grouped (the kernels' `tiled` flag).
-pub(crate) fn tiled(p: &Problem) -> i32 {
-    i32::from(p.head_map() == HeadMap::Tiled)
+/// Queues `kernel` (compiled for `p`'s chunk size) with one block of `threads` threads per
+/// (chunk, value head); nothing when there are none.
+///
+/// # Safety
+/// As [`CudaDevice::launch`].
+pub(crate) unsafe fn launch_per_chunk<P: KernelParams>(
+    dev: &CudaDevice,
+    p: &Problem,
+    kernel: Kernel,
+    threads: u32,
+    params: &P,
+) -> Result<()> {
+    let items = p.chunks().len() * p.v_heads();
+    if items == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller's.
+    unsafe { dev.launch(kernel, Some(p.chunk_size()), cfg(items, threads, 0), params) }
 }
 
 /// i64 of a size (every size fits: [`Problem`] bounds element counts by `isize::MAX / 8`).
