@@ -174,14 +174,9 @@ fn tensor(data: Vec<f32>, shape: Vec<usize>, dtype: DType) -> Tensor<'static> {
 
 fn host_inputs(c: &Case, seed: u64) -> Host {
     let mut rng = Rng(seed);
-    let Dims {
-        batch,
-        seq_len,
-        heads,
-        v_heads,
-        dk,
-        dv,
-    } = c.dims;
+    let d = c.dims;
+    let (batch, seq_len, heads, v_heads) = (d.batch, d.seq_len, d.heads, d.v_heads);
+    let (dk, dv) = (d.dk, d.dv);
     let n = c.cu_seqlens.as_ref().map_or(batch, |cu| cu.len() - 1);
     let o = &c.opts;
     let make = |rng: &mut Rng, b: usize, t: usize| {

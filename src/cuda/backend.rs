@@ -5,10 +5,10 @@ use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use super::stages::{
-    cast, chunk_output, chunk_state, cumsum, gate, kkt, l2norm, recurrent, solve_tril, wy,
-    GammaPtrs,
+    cast, chunk_output, chunk_state, cumsum, gate, kkt, l2norm, launch_per_chunk, recurrent,
+    solve_tril, wy, Ctx, GammaPtrs,
 };
-use super::{cuda_err, Buf, CudaDevice};
+use super::{cuda_err, Buf, CudaDevice, Tables};
 use crate::backend::{Backend, ChunkStates, Gamma, Wy};
 use crate::dtype::{DType, Data, Tensor};
 use crate::error::{Error, Result};
@@ -54,12 +54,46 @@ impl<'a> Access<'a> {
     }
 }
 
+/// The lengths of one problem's buffers, by name (see [`Backend`]).
+struct Lens {
+    /// `[B, T, H, K]`: q, k.
+    qk: usize,
+    /// `[B, T, HV]`: g, beta, gamma.
+    n: usize,
+    /// `[B, T, HV, K]`: w.
+    nk: usize,
+    /// `[B, T, HV, V]`: v, u, v_new, o.
+    nv: usize,
+    /// `[B, T, HV, BT]`: A_strict, A_inv.
+    nbt: usize,
+    /// `[N, HV, K, V]`: states.
+    states: usize,
+}
+
+impl Lens {
+    fn of(p: &Problem) -> Lens {
+        let n = p.tokens() * p.v_heads();
+        Lens {
+            qk: p.tokens() * p.heads() * p.dk(),
+            n,
+            nk: n * p.dk(),
+            nv: n * p.dv(),
+            nbt: n * p.chunk_size(),
+            states: p.num_seqs() * p.v_heads() * p.state_len(),
+        }
+    }
+}
+
 impl CudaDevice {
+    /// [`CudaDevice::check`] for each (name, buffer, length).
+    fn check_all(&self, bufs: &[(&'static str, &Buf, usize)]) -> Result<()> {
+        bufs.iter()
+            .try_for_each(|&(arg, b, len)| self.check(arg, b, len))
+    }
+
     /// [`CudaDevice::check`] for the three buffers of a [`Gamma`], `n` elements each.
-    fn check_gamma(&self, gamma: &Gamma<Buf>, n: usize) -> Result<()> {
-        self.check("gamma", &gamma.gamma, n)?;
-        self.check("lo", &gamma.lo, n)?;
-        self.check("seg", &gamma.seg, n)
+    fn check_gamma(&self, g: &Gamma<Buf>, n: usize) -> Result<()> {
+        self.check_all(&[("gamma", &g.gamma, n), ("lo", &g.lo, n), ("seg", &g.seg, n)])
     }
 
     /// A host tensor on the device as f32: f32 is copied as it is; bf16 and f16 travel as their
@@ -88,6 +122,9 @@ impl CudaDevice {
     }
 }
 
+// SAFETY (every launch below): each buffer was checked against the problem's layouts or
+// allocated with them, and the tables are the problem's; the Access guards live until the
+// launch is queued.
 impl Backend for CudaDevice {
     type Buf = Buf;
 
@@ -96,7 +133,6 @@ impl Backend for CudaDevice {
         let mut y = self.uninit(x.len(), "l2norm output")?;
         let mut a = Access::new(self);
         let (xp, yp) = (a.r(x), a.w(&mut y));
-        // SAFETY: x and y hold rows * dim elements of this device (checked, allocated).
         unsafe { l2norm::launch(self, xp, yp, rows, dim) }?;
         drop(a);
         Ok(y)
@@ -111,27 +147,24 @@ impl Backend for CudaDevice {
         a_log: Option<&Buf>,
         dt_bias: Option<&Buf>,
     ) -> Result<(Buf, Buf)> {
-        let hv = p.v_heads();
-        let n = p.tokens() * hv;
-        self.check("g", g, n)?;
-        self.check("beta", beta, n)?;
+        let (n, hv) = (Lens::of(p).n, p.v_heads());
+        self.check_all(&[("g", g, n), ("beta", beta, n)])?;
+        let gate_params = if opts.gate_in_kernel {
+            let [a_log, dt_bias] = [("A_log", a_log), ("dt_bias", dt_bias)].map(|(arg, b)| {
+                let b = b.ok_or_else(|| {
+                    Error::invalid(arg, "a [HV] tensor (gate_in_kernel is on)", "none")
+                })?;
+                self.check(arg, b, hv).map(|()| b)
+            });
+            Some((a_log?, dt_bias?))
+        } else {
+            None
+        };
         let mut g_out = self.uninit(n, "g")?;
         let mut beta_out = self.uninit(n, "beta")?;
         let mut a = Access::new(self);
-        let (a_log, dt_bias) = if opts.gate_in_kernel {
-            let a_log = a_log.ok_or_else(|| {
-                Error::invalid("A_log", "a [HV] tensor (gate_in_kernel is on)", "none")
-            })?;
-            let dt_bias = dt_bias.ok_or_else(|| {
-                Error::invalid("dt_bias", "a [HV] tensor (gate_in_kernel is on)", "none")
-            })?;
-            self.check("A_log", a_log, hv)?;
-            self.check("dt_bias", dt_bias, hv)?;
-            (a.r(a_log), a.r(dt_bias))
-        } else {
-            // Not read without gate_in_kernel.
-            (0, 0)
-        };
+        // Without gate_in_kernel the kernel reads no gate parameters.
+        let (a_log, dt_bias) = gate_params.map_or((0, 0), |(x, y)| (a.r(x), a.r(y)));
         let params = gate::Params {
             g: a.r(g),
             beta: a.r(beta),
@@ -141,14 +174,13 @@ impl Backend for CudaDevice {
             beta_out: a.w(&mut beta_out),
             ..Default::default()
         };
-        // SAFETY: every buffer holds n elements (A_log and dt_bias HV, with gate_in_kernel).
         unsafe { gate::launch(self, p, opts, &params) }?;
         drop(a);
         Ok((g_out, beta_out))
     }
 
     fn chunk_local_cumsum(&self, p: &Problem, g: &Buf) -> Result<Gamma<Buf>> {
-        let n = p.tokens() * p.v_heads();
+        let n = Lens::of(p).n;
         self.check("g", g, n)?;
         let t = self.tables(p)?;
         let mut gamma = self.uninit(n, "gamma")?;
@@ -164,8 +196,7 @@ impl Backend for CudaDevice {
             },
             ..Default::default()
         };
-        // SAFETY: all four buffers hold [B, T, HV] elements; the tables are p's.
-        unsafe { cumsum::launch(self, p, &t.ptrs(), &params) }?;
+        unsafe { cumsum::launch(&self.ctx(p, &t), &params) }?;
         drop(a);
         Ok(Gamma { gamma, lo, seg })
     }
@@ -177,12 +208,11 @@ impl Backend for CudaDevice {
         beta: &Buf,
         gamma: &Gamma<Buf>,
     ) -> Result<Buf> {
-        let n = p.tokens() * p.v_heads();
-        self.check("k", k, p.tokens() * p.heads() * p.dk())?;
-        self.check("beta", beta, n)?;
-        self.check_gamma(gamma, n)?;
+        let l = Lens::of(p);
+        self.check_all(&[("k", k, l.qk), ("beta", beta, l.n)])?;
+        self.check_gamma(gamma, l.n)?;
         let t = self.tables(p)?;
-        let mut a_strict = self.uninit(n * p.chunk_size(), "A_strict")?;
+        let mut a_strict = self.uninit(l.nbt, "A_strict")?;
         let mut a = Access::new(self);
         let params = kkt::Params {
             k: a.r(k),
@@ -191,14 +221,13 @@ impl Backend for CudaDevice {
             a_strict: a.w(&mut a_strict),
             ..Default::default()
         };
-        // SAFETY: the buffers have the layouts of p (checked, allocated); the tables are p's.
-        unsafe { kkt::launch(self, p, &t.ptrs(), &params) }?;
+        unsafe { kkt::launch(&self.ctx(p, &t), &params) }?;
         drop(a);
         Ok(a_strict)
     }
 
     fn solve_tril(&self, p: &Problem, a_strict: &Buf) -> Result<Buf> {
-        let len = p.tokens() * p.v_heads() * p.chunk_size();
+        let len = Lens::of(p).nbt;
         self.check("A_strict", a_strict, len)?;
         let t = self.tables(p)?;
         let mut a_inv = self.uninit(len, "A_inv")?;
@@ -208,8 +237,7 @@ impl Backend for CudaDevice {
             a_inv: a.w(&mut a_inv),
             ..Default::default()
         };
-        // SAFETY: both buffers hold [B, T, HV, BT]; the tables are p's.
-        unsafe { solve_tril::launch(self, p, &t.ptrs(), &params) }?;
+        unsafe { solve_tril::launch(&self.ctx(p, &t), &params) }?;
         drop(a);
         Ok(a_inv)
     }
@@ -223,15 +251,16 @@ impl Backend for CudaDevice {
         gamma: &Gamma<Buf>,
         a_inv: &Buf,
     ) -> Result<Wy<Buf>> {
-        let n = p.tokens() * p.v_heads();
-        self.check("k", k, p.tokens() * p.heads() * p.dk())?;
-        self.check("v", v, n * p.dv())?;
-        self.check("beta", beta, n)?;
-        self.check_gamma(gamma, n)?;
-        self.check("A_inv", a_inv, n * p.chunk_size())?;
+        let l = Lens::of(p);
+        self.check_all(&[
+            ("k", k, l.qk),
+            ("v", v, l.nv),
+            ("beta", beta, l.n),
+            ("A_inv", a_inv, l.nbt),
+        ])?;
+        self.check_gamma(gamma, l.n)?;
         let t = self.tables(p)?;
-        let mut w = self.uninit(n * p.dk(), "w")?;
-        let mut u = self.uninit(n * p.dv(), "u")?;
+        let (mut w, mut u) = (self.uninit(l.nk, "w")?, self.uninit(l.nv, "u")?);
         let mut a = Access::new(self);
         let params = wy::Params {
             k: a.r(k),
@@ -243,8 +272,7 @@ impl Backend for CudaDevice {
             u: a.w(&mut u),
             ..Default::default()
         };
-        // SAFETY: the buffers have the layouts of p (checked, allocated); the tables are p's.
-        unsafe { wy::launch(self, p, &t.ptrs(), &params) }?;
+        unsafe { launch_per_chunk(&self.ctx(p, &t), &params) }?;
         drop(a);
         Ok(Wy { w, u })
     }
@@ -257,21 +285,18 @@ impl Backend for CudaDevice {
         gamma: &Gamma<Buf>,
         h0: Option<&Buf>,
     ) -> Result<ChunkStates<Buf>> {
-        let n = p.tokens() * p.v_heads();
-        let kv = p.state_len();
-        self.check("k", k, p.tokens() * p.heads() * p.dk())?;
-        self.check("w", &wy.w, n * p.dk())?;
-        self.check("u", &wy.u, n * p.dv())?;
-        self.check_gamma(gamma, n)?;
+        let l = Lens::of(p);
+        self.check_all(&[("k", k, l.qk), ("w", &wy.w, l.nk), ("u", &wy.u, l.nv)])?;
+        self.check_gamma(gamma, l.n)?;
         if let Some(h0) = h0 {
-            self.check("initial_state", h0, p.num_seqs() * p.v_heads() * kv)?;
+            self.check("initial_state", h0, l.states)?;
         }
         // Fails before anything is allocated when K is too large for this GPU.
         chunk_state::tiling(p, self.max_shared_per_block())?;
         let t = self.tables(p)?;
-        let mut h = self.uninit(p.chunks().len() * p.v_heads() * kv, "h")?;
-        let mut v_new = self.uninit(n * p.dv(), "v_new")?;
-        let mut final_state = self.uninit(p.num_seqs() * p.v_heads() * kv, "final_state")?;
+        let mut h = self.uninit(p.chunks().len() * p.v_heads() * p.state_len(), "h")?;
+        let mut v_new = self.uninit(l.nv, "v_new")?;
+        let mut final_state = self.uninit(l.states, "final_state")?;
         let mut a = Access::new(self);
         let params = chunk_state::Params {
             k: a.r(k),
@@ -284,8 +309,7 @@ impl Backend for CudaDevice {
             final_state: a.w(&mut final_state),
             ..Default::default()
         };
-        // SAFETY: the buffers have the layouts of p (checked, allocated); the tables are p's.
-        unsafe { chunk_state::launch(self, p, &t.ptrs(), &params) }?;
+        unsafe { chunk_state::launch(&self.ctx(p, &t), &params) }?;
         drop(a);
         Ok(ChunkStates {
             h,
@@ -304,15 +328,17 @@ impl Backend for CudaDevice {
         gamma: &Gamma<Buf>,
         scale: f32,
     ) -> Result<Buf> {
-        let n = p.tokens() * p.v_heads();
-        let qk = p.tokens() * p.heads() * p.dk();
-        self.check("q", q, qk)?;
-        self.check("k", k, qk)?;
-        self.check("v_new", v_new, n * p.dv())?;
-        self.check("h", h, p.chunks().len() * p.v_heads() * p.state_len())?;
-        self.check_gamma(gamma, n)?;
+        let l = Lens::of(p);
+        let hs = p.chunks().len() * p.v_heads() * p.state_len();
+        self.check_all(&[
+            ("q", q, l.qk),
+            ("k", k, l.qk),
+            ("v_new", v_new, l.nv),
+            ("h", h, hs),
+        ])?;
+        self.check_gamma(gamma, l.n)?;
         let t = self.tables(p)?;
-        let mut o = self.uninit(n * p.dv(), "o")?;
+        let mut o = self.uninit(l.nv, "o")?;
         let mut a = Access::new(self);
         let params = chunk_output::Params {
             q: a.r(q),
@@ -324,8 +350,7 @@ impl Backend for CudaDevice {
             scale,
             ..Default::default()
         };
-        // SAFETY: the buffers have the layouts of p (checked, allocated); the tables are p's.
-        unsafe { chunk_output::launch(self, p, &t.ptrs(), &params) }?;
+        unsafe { launch_per_chunk(&self.ctx(p, &t), &params) }?;
         drop(a);
         Ok(o)
     }
@@ -342,16 +367,17 @@ impl Backend for CudaDevice {
         v_first: bool,
         scale: f32,
     ) -> Result<Buf> {
-        let n = p.tokens() * p.v_heads();
-        let qk = p.tokens() * p.heads() * p.dk();
-        self.check("q", q, qk)?;
-        self.check("k", k, qk)?;
-        self.check("v", v, n * p.dv())?;
-        self.check("g", g, n)?;
-        self.check("beta", beta, n)?;
-        self.check("state", state, p.num_seqs() * p.v_heads() * p.state_len())?;
+        let l = Lens::of(p);
+        self.check_all(&[
+            ("q", q, l.qk),
+            ("k", k, l.qk),
+            ("v", v, l.nv),
+            ("g", g, l.n),
+            ("beta", beta, l.n),
+            ("state", state, l.states),
+        ])?;
         let t = self.tables(p)?;
-        let mut o = self.uninit(n * p.dv(), "o")?;
+        let mut o = self.uninit(l.nv, "o")?;
         let mut a = Access::new(self);
         let params = recurrent::Params {
             q: a.r(q),
@@ -364,10 +390,20 @@ impl Backend for CudaDevice {
             scale,
             ..Default::default()
         };
-        // SAFETY: the buffers have the layouts of p (checked, allocated); the tables are p's.
-        unsafe { recurrent::launch(self, p, &t.ptrs(), v_first, &params) }?;
+        unsafe { recurrent::launch(&self.ctx(p, &t), v_first, &params) }?;
         drop(a);
         Ok(o)
+    }
+}
+
+impl CudaDevice {
+    /// The stage context of `p` with its cached tables `t`.
+    fn ctx<'a>(&'a self, p: &'a Problem, t: &Tables) -> Ctx<'a> {
+        Ctx {
+            dev: self,
+            p,
+            t: t.ptrs(),
+        }
     }
 }
 

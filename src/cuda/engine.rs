@@ -50,8 +50,8 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 use super::registry::Kernel;
 use super::stages::{
-    cast, chunk_output, chunk_state, cumsum, gate, kkt, l2norm, recurrent, solve_tril, wy,
-    GammaPtrs,
+    cast, chunk_output, chunk_state, cumsum, gate, kkt, l2norm, launch_per_chunk, recurrent,
+    solve_tril, wy, Ctx, GammaPtrs,
 };
 use super::{CudaDevice, Tables};
 use crate::dtype::DType;
@@ -747,9 +747,14 @@ impl Plan {
         // the stages below and returns: `fused::forward(dev, p, opts, &io)` over the validated
         // addresses of `io` (`DeviceRef::ptr`, `DeviceMut::ptr`) and of `workspace`, with
         // `forward_workspace_bytes` taking the larger of the two paths' needs.
-        let (base, l, t) = (workspace.ptr, &self.forward, self.tables.ptrs());
+        let (base, l) = (workspace.ptr, &self.forward);
+        let ctx = Ctx {
+            dev,
+            p,
+            t: self.tables.ptrs(),
+        };
         // SAFETY (every block below): each address is a validated caller view or a region of the
-        // validated workspace laid out for this plan; `t` are the plan's tables.
+        // validated workspace laid out for this plan; `ctx.t` are the plan's tables.
         let [q, k, v, g, beta] = unsafe { self.prologue(&io.inputs, base, &l.prologue) }?;
         let gamma = GammaPtrs {
             gamma: l.gamma.at(base),
@@ -766,7 +771,7 @@ impl Plan {
                 gamma,
                 ..Default::default()
             };
-            cumsum::launch(dev, p, &t, &params)?;
+            cumsum::launch(&ctx, &params)?;
             let params = kkt::Params {
                 k,
                 beta,
@@ -774,13 +779,13 @@ impl Plan {
                 a_strict,
                 ..Default::default()
             };
-            kkt::launch(dev, p, &t, &params)?;
+            kkt::launch(&ctx, &params)?;
             let params = solve_tril::Params {
                 a_strict,
                 a_inv,
                 ..Default::default()
             };
-            solve_tril::launch(dev, p, &t, &params)?;
+            solve_tril::launch(&ctx, &params)?;
             let params = wy::Params {
                 k,
                 v,
@@ -791,7 +796,7 @@ impl Plan {
                 u,
                 ..Default::default()
             };
-            wy::launch(dev, p, &t, &params)?;
+            launch_per_chunk(&ctx, &params)?;
             let params = chunk_state::Params {
                 k,
                 w,
@@ -803,7 +808,7 @@ impl Plan {
                 final_state: io.final_state.ptr,
                 ..Default::default()
             };
-            chunk_state::launch(dev, p, &t, &params)?;
+            chunk_state::launch(&ctx, &params)?;
             let params = chunk_output::Params {
                 q,
                 k,
@@ -814,7 +819,7 @@ impl Plan {
                 scale: opts.scale_for(p.dk()),
                 ..Default::default()
             };
-            chunk_output::launch(dev, p, &t, &params)?;
+            launch_per_chunk(&ctx, &params)?;
             self.epilogue(o32, &io.o)
         }
     }
@@ -840,9 +845,13 @@ impl Plan {
             scale: opts.scale_for(p.dk()),
             ..Default::default()
         };
-        let t = self.tables.ptrs();
+        let ctx = Ctx {
+            dev: &self.dev,
+            p,
+            t: self.tables.ptrs(),
+        };
         unsafe {
-            recurrent::launch(&self.dev, p, &t, opts.state_v_first, &params)?;
+            recurrent::launch(&ctx, opts.state_v_first, &params)?;
             self.epilogue(o32, &io.o)
         }
     }
@@ -1019,73 +1028,49 @@ mod tests {
         let opts = small();
         let p = problem(&opts);
         let bytes = forward_workspace_bytes(&p, &opts, DType::BF16);
+        let check =
+            |x: &ForwardIo<'_>, ws: &Workspace<'_>| check_forward(&p, &opts, DType::BF16, x, ws);
         // A valid call (final_state may be initial_state's memory).
-        check_forward(&p, &opts, DType::BF16, &io(&p, DType::BF16), &ws(bytes)).unwrap();
-
-        let mut x = io(&p, DType::BF16);
-        x.inputs.q = view(0x1000, 19, DType::BF16);
-        assert_eq!(
-            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
-            "q"
-        );
+        check(&io(&p, DType::BF16), &ws(bytes)).unwrap();
+        type Spoil = fn(&mut ForwardIo<'static>);
+        let spoilt: [(&str, Spoil); 10] = [
+            ("q", |x| x.inputs.q = view(0x1000, 19, DType::BF16)),
+            ("k", |x| x.inputs.k = view(0x2000, 20, DType::F16)),
+            ("v", |x| x.inputs.v = view(0, 30, DType::BF16)),
+            ("g", |x| x.inputs.g = view(0x4000, 10, DType::BF16)),
+            ("beta", |x| x.inputs.beta = view(0x5001, 10, DType::F32)),
+            ("A_log", |x| {
+                x.inputs.a_log = Some(view(0x8000, 2, DType::F32))
+            }),
+            ("o", |x| x.o = view_mut(0x7000, 30, DType::F32)),
+            ("initial_state", |x| {
+                x.initial_state = Some(view(0x6000, 23, DType::F32))
+            }),
+            ("final_state", |x| {
+                x.final_state = view_mut(0x6000, 25, DType::F32)
+            }),
+            ("chunk_states", |x| {
+                x.chunk_states = Some(view_mut(0xa000, 24, DType::F32))
+            }),
+        ];
+        for (name, spoil) in spoilt {
+            let mut x = io(&p, DType::BF16);
+            spoil(&mut x);
+            assert_eq!(arg(check(&x, &ws(bytes))), name);
+        }
         let mut x = io(&p, DType::BF16);
         x.inputs.k = view(0x2000, 20, DType::F16);
-        let e = check_forward(&p, &opts, DType::BF16, &x, &ws(bytes)).unwrap_err();
+        let e = check(&x, &ws(bytes)).unwrap_err();
         assert_eq!(e.to_string(), "k: expected dtype bf16, got dtype f16");
-        let mut x = io(&p, DType::BF16);
-        x.inputs.v = view(0, 30, DType::BF16);
-        assert_eq!(
-            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
-            "v"
-        );
-        let mut x = io(&p, DType::BF16);
-        x.inputs.g = view(0x4000, 10, DType::BF16);
-        assert_eq!(
-            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
-            "g"
-        );
-        let mut x = io(&p, DType::BF16);
-        x.inputs.beta = view(0x5001, 10, DType::F32);
-        assert_eq!(
-            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
-            "beta"
-        );
-        let mut x = io(&p, DType::BF16);
-        x.initial_state = Some(view(0x6000, 23, DType::F32));
-        assert_eq!(
-            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
-            "initial_state"
-        );
-        let mut x = io(&p, DType::BF16);
-        x.o = view_mut(0x7000, 30, DType::F32);
-        assert_eq!(
-            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
-            "o"
-        );
-        let mut x = io(&p, DType::BF16);
-        x.final_state = view_mut(0x6000, 25, DType::F32);
-        assert_eq!(
-            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
-            "final_state"
-        );
-        let mut x = io(&p, DType::BF16);
-        x.inputs.a_log = Some(view(0x8000, 2, DType::F32));
-        assert_eq!(
-            arg(check_forward(&p, &opts, DType::BF16, &x, &ws(bytes))),
-            "A_log"
-        );
         let x = io(&p, DType::BF16);
-        let e = check_forward(&p, &opts, DType::BF16, &x, &ws(bytes - 1)).unwrap_err();
+        let e = check(&x, &ws(bytes - 1)).unwrap_err();
         assert!(
             e.to_string().starts_with("workspace: expected at least"),
             "{e}"
         );
         // SAFETY: as `view`.
         let misaligned = unsafe { Workspace::from_raw(0x10_0010, bytes) };
-        assert_eq!(
-            arg(check_forward(&p, &opts, DType::BF16, &x, &misaligned)),
-            "workspace"
-        );
+        assert_eq!(arg(check(&x, &misaligned)), "workspace");
     }
 
     #[test]

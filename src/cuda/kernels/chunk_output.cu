@@ -28,9 +28,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_output(const ChunkOu
     const float* __restrict__ k = P.k;
     const float* __restrict__ v_new = P.v_new;
     const float* __restrict__ hs = P.h;
-    const float* __restrict__ gamma = P.gm.gamma;
-    const float* __restrict__ lo = P.gm.lo;
-    const float* __restrict__ seg = P.gm.seg;
+    GAMMA_LOCALS(P.gm);
     float* __restrict__ o = P.o;
     const i64 h = P.s.heads, hv = P.s.hv, dk = P.s.dk, dv = P.s.dv;
     __shared__ float qs[BT][DT + 1];

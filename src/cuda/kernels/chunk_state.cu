@@ -30,9 +30,7 @@ extern "C" __global__ void chunk_state(const ChunkStateParams P) {
     const float* __restrict__ k = P.k;
     const float* __restrict__ w = P.w;
     const float* __restrict__ u = P.u;
-    const float* __restrict__ gamma = P.gm.gamma;
-    const float* __restrict__ lo = P.gm.lo;
-    const float* __restrict__ seg = P.gm.seg;
+    GAMMA_LOCALS(P.gm);
     float* __restrict__ h_out = P.h;
     float* __restrict__ v_new = P.v_new;
     const float* h0 = P.h0;

@@ -18,6 +18,10 @@ struct GammaIn {
     const float* seg;
 };
 
+// gm's arrays as __restrict__ locals gamma, lo and seg.
+#define GAMMA_LOCALS(gm) \
+    const float *__restrict__ gamma = (gm).gamma, *__restrict__ lo = (gm).lo, *__restrict__ seg = (gm).seg
+
 // The chunk table: chunk c covers the flat tokens start[c] .. start[c] + len[c].
 struct Chunks {
     const i64* start;

@@ -20,9 +20,7 @@ static_assert(sizeof(KktParams) == PARAMS_BYTES, "KktParams differs from its Rus
 extern "C" __global__ void __launch_bounds__(THREADS) chunk_scaled_dot_kkt(const KktParams P) {
     const float* __restrict__ k = P.k;
     const float* __restrict__ beta = P.beta;
-    const float* __restrict__ gamma = P.gm.gamma;
-    const float* __restrict__ lo = P.gm.lo;
-    const float* __restrict__ seg = P.gm.seg;
+    GAMMA_LOCALS(P.gm);
     float* __restrict__ a = P.a_strict;
     const i64 h = P.s.heads, hv = P.s.hv, dk = P.s.dk;
     __shared__ float ks[BT][DT + 1];

@@ -18,9 +18,7 @@ extern "C" __global__ void recompute_w_u(const WyParams P) {
     const float* __restrict__ k = P.k;
     const float* __restrict__ v = P.v;
     const float* __restrict__ beta = P.beta;
-    const float* __restrict__ gamma = P.gm.gamma;
-    const float* __restrict__ lo = P.gm.lo;
-    const float* __restrict__ seg = P.gm.seg;
+    GAMMA_LOCALS(P.gm);
     const float* __restrict__ a_inv = P.a_inv;
     float* __restrict__ w = P.w;
     float* __restrict__ u = P.u;

@@ -2,11 +2,8 @@
 
 use cudarc::driver::sys::CUdeviceptr;
 
-use super::{kernel_params, launch_per_chunk, ChunkTable, GammaPtrs, Shape, TablePtrs};
+use super::{kernel_params, ChunkTable, GammaPtrs, Shape};
 use crate::cuda::registry::{Kernel, Source};
-use crate::cuda::CudaDevice;
-use crate::error::Result;
-use crate::problem::Problem;
 
 /// Threads per block (the source's `THREADS`).
 pub(crate) const THREADS: usize = 256;
@@ -27,21 +24,9 @@ pub(crate) struct Params {
     pub shape: Shape,
     pub scale: f32,
 }
-kernel_params!(Params, Source::ChunkOutput);
-
-/// # Safety
-/// As [`super::kkt::launch`].
-pub(crate) unsafe fn launch(
-    dev: &CudaDevice,
-    p: &Problem,
-    t: &TablePtrs,
-    params: &Params,
-) -> Result<()> {
-    let params = Params {
-        chunks: t.chunks,
-        shape: Shape::of(p),
-        ..*params
-    };
-    // SAFETY: the caller's.
-    unsafe { launch_per_chunk(dev, p, Kernel::ChunkOutput, THREADS as u32, &params) }
-}
+kernel_params!(
+    Params,
+    Source::ChunkOutput,
+    per_chunk: Kernel::ChunkOutput,
+    THREADS
+);

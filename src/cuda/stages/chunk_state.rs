@@ -2,9 +2,8 @@
 
 use cudarc::driver::sys::CUdeviceptr;
 
-use super::{cfg, i, kernel_params, ChunkTable, GammaPtrs, Shape, TablePtrs};
+use super::{cfg, i, kernel_params, ChunkTable, Ctx, GammaPtrs, Shape};
 use crate::cuda::registry::{Kernel, Source};
-use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use crate::problem::Problem;
 
@@ -86,19 +85,14 @@ pub(crate) fn tiling(p: &Problem, limit: usize) -> Result<Tiling> {
 }
 
 /// # Safety
-/// Every pointer of `params` holds its documented layout of `p`, and `t` are `p`'s tables, on
-/// the device's context.
-pub(crate) unsafe fn launch(
-    dev: &CudaDevice,
-    p: &Problem,
-    t: &TablePtrs,
-    params: &Params,
-) -> Result<()> {
-    let items_per_tile = p.num_seqs() * p.v_heads();
-    if items_per_tile == 0 {
+/// Every pointer of `params` holds its documented layout of `ctx.p`, and `ctx.t` are its
+/// tables, on the device's context.
+pub(crate) unsafe fn launch(ctx: &Ctx<'_>, params: &Params) -> Result<()> {
+    let (p, t) = (ctx.p, &ctx.t);
+    if p.num_seqs() * p.v_heads() == 0 {
         return Ok(());
     }
-    let tiling = tiling(p, dev.max_shared_per_block())?;
+    let tiling = tiling(p, ctx.dev.max_shared_per_block())?;
     let params = Params {
         chunks: t.chunks,
         seq_first_chunk: t.seq_first_chunk,
@@ -108,8 +102,11 @@ pub(crate) unsafe fn launch(
         staged: i32::from(tiling.staged),
         ..*params
     };
-    let items = items_per_tile * p.dv().div_ceil(tiling.vt);
+    let items = p.num_seqs() * p.v_heads() * p.dv().div_ceil(tiling.vt);
     let launch = cfg(items, THREADS, tiling.shared as u32);
     // SAFETY: the caller's.
-    unsafe { dev.launch(Kernel::ChunkState, Some(p.chunk_size()), launch, &params) }
+    unsafe {
+        ctx.dev
+            .launch(Kernel::ChunkState, Some(p.chunk_size()), launch, &params)
+    }
 }

@@ -2,12 +2,10 @@
 
 use cudarc::driver::sys::CUdeviceptr;
 
-use super::{cfg, i, kernel_params, ChunkTable, GammaPtrs, TablePtrs};
+use super::{cfg, i, kernel_params, ChunkTable, Ctx, GammaPtrs};
 use crate::backend::RESET_LOG_DECAY;
 use crate::cuda::registry::{Kernel, Source};
-use crate::cuda::CudaDevice;
 use crate::error::Result;
-use crate::problem::Problem;
 
 const THREADS: usize = 128;
 
@@ -25,25 +23,23 @@ pub(crate) struct Params {
 kernel_params!(Params, Source::Cumsum);
 
 /// # Safety
-/// Every pointer of `params` holds `[B, T, HV]` f32 of `p` and `t` are `p`'s tables, on the
-/// device's context.
-pub(crate) unsafe fn launch(
-    dev: &CudaDevice,
-    p: &Problem,
-    t: &TablePtrs,
-    params: &Params,
-) -> Result<()> {
-    let items = p.chunks().len() * p.v_heads();
+/// Every pointer of `params` holds `[B, T, HV]` f32 of `ctx.p` and `ctx.t` are its tables, on
+/// the device's context.
+pub(crate) unsafe fn launch(ctx: &Ctx<'_>, params: &Params) -> Result<()> {
+    let items = ctx.p.chunks().len() * ctx.p.v_heads();
     if items == 0 {
         return Ok(());
     }
     let params = Params {
-        chunks: t.chunks,
-        hv: i(p.v_heads()),
+        chunks: ctx.t.chunks,
+        hv: i(ctx.p.v_heads()),
         reset: RESET_LOG_DECAY,
         ..*params
     };
     let launch = cfg(items.div_ceil(THREADS), THREADS as u32, 0);
     // SAFETY: the caller's.
-    unsafe { dev.launch(Kernel::ChunkLocalCumsum, None, launch, &params) }
+    unsafe {
+        ctx.dev
+            .launch(Kernel::ChunkLocalCumsum, None, launch, &params)
+    }
 }

@@ -2,11 +2,9 @@
 
 use cudarc::driver::sys::CUdeviceptr;
 
-use super::{kernel_params, launch_per_chunk, ChunkTable, GammaPtrs, Shape, TablePtrs};
+use super::{kernel_params, launch_per_chunk, ChunkTable, Ctx, GammaPtrs, Shape};
 use crate::cuda::registry::{Kernel, Source};
-use crate::cuda::CudaDevice;
 use crate::error::Result;
-use crate::problem::Problem;
 
 /// Threads per block (the source's `THREADS`).
 pub(crate) const THREADS: usize = 256;
@@ -23,28 +21,23 @@ pub(crate) struct Params {
     pub chunks: ChunkTable,
     pub shape: Shape,
 }
-kernel_params!(Params, Source::Kkt);
+kernel_params!(
+    Params,
+    Source::Kkt,
+    per_chunk: Kernel::ChunkScaledDotKkt,
+    THREADS
+);
 
 /// Zeroes `A_strict`, then writes the strictly lower triangle of each chunk's block.
 ///
 /// # Safety
-/// Every pointer of `params` holds its documented layout of `p`, and `t` are `p`'s tables, on
-/// the device's context.
-pub(crate) unsafe fn launch(
-    dev: &CudaDevice,
-    p: &Problem,
-    t: &TablePtrs,
-    params: &Params,
-) -> Result<()> {
+/// As [`launch_per_chunk`].
+pub(crate) unsafe fn launch(ctx: &Ctx<'_>, params: &Params) -> Result<()> {
+    let p = ctx.p;
     let bytes = p.tokens() * p.v_heads() * p.chunk_size() * 4;
-    let params = Params {
-        chunks: t.chunks,
-        shape: Shape::of(p),
-        ..*params
-    };
     // SAFETY: the caller's.
     unsafe {
-        dev.memset_zero(params.a_strict, bytes, "A_strict")?;
-        launch_per_chunk(dev, p, Kernel::ChunkScaledDotKkt, THREADS as u32, &params)
+        ctx.dev.memset_zero(params.a_strict, bytes, "A_strict")?;
+        launch_per_chunk(ctx, params)
     }
 }

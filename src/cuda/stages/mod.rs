@@ -32,7 +32,8 @@ use crate::problem::Problem;
 /// a grid limit (the x dimension alone is used).
 const MAX_BLOCKS: usize = 1 << 22;
 
-/// Implements the traits of a kernel's params struct, mirrored in `$source`.
+/// Implements the traits of a kernel's params struct, mirrored in `$source`; with `per_chunk`,
+/// also [`PerChunk`] for a struct with `chunks` and `shape` fields.
 macro_rules! kernel_params {
     ($t:ty, $source:expr) => {
         // SAFETY: plain old data (#[repr(C)]: device addresses and numbers), laid out as the
@@ -41,6 +42,20 @@ macro_rules! kernel_params {
         // SAFETY: as above.
         unsafe impl crate::cuda::registry::KernelParams for $t {
             const SOURCE: crate::cuda::registry::Source = $source;
+        }
+    };
+    ($t:ty, $source:expr, per_chunk: $kernel:expr, $threads:expr) => {
+        kernel_params!($t, $source);
+        impl super::PerChunk for $t {
+            const KERNEL: crate::cuda::registry::Kernel = $kernel;
+            const THREADS: u32 = $threads as u32;
+            fn with(self, chunks: super::ChunkTable, shape: super::Shape) -> Self {
+                Self {
+                    chunks,
+                    shape,
+                    ..self
+                }
+            }
         }
     };
 }
@@ -108,24 +123,43 @@ pub(crate) fn cfg(blocks: usize, threads: u32, shared_mem_bytes: u32) -> LaunchC
     }
 }
 
-/// Queues `kernel` (compiled for `p`'s chunk size) with one block of `threads` threads per
-/// (chunk, value head); nothing when there are none.
+/// Where a stage runs and for what: the device, the problem and its tables on the device.
+#[derive(Clone, Copy)]
+pub(crate) struct Ctx<'a> {
+    pub dev: &'a CudaDevice,
+    pub p: &'a Problem,
+    pub t: TablePtrs,
+}
+
+/// The params of a kernel run as one block per (chunk, value head) that reads the chunk table
+/// and the [`Shape`].
+pub(crate) trait PerChunk: KernelParams {
+    /// The kernel.
+    const KERNEL: Kernel;
+    /// Threads per block.
+    const THREADS: u32;
+    /// The params with the chunk table and shape filled in.
+    fn with(self, chunks: ChunkTable, shape: Shape) -> Self;
+}
+
+/// Queues a [`PerChunk`] kernel (compiled for the problem's chunk size) over `params`' buffers;
+/// nothing when there are no chunks.
 ///
 /// # Safety
-/// As [`CudaDevice::launch`].
-pub(crate) unsafe fn launch_per_chunk<P: KernelParams>(
-    dev: &CudaDevice,
-    p: &Problem,
-    kernel: Kernel,
-    threads: u32,
-    params: &P,
-) -> Result<()> {
-    let items = p.chunks().len() * p.v_heads();
+/// Every pointer of `params` holds its documented layout of `ctx.p`, and `ctx.t` are its
+/// tables, on the device's context.
+pub(crate) unsafe fn launch_per_chunk<P: PerChunk>(ctx: &Ctx<'_>, params: &P) -> Result<()> {
+    let items = ctx.p.chunks().len() * ctx.p.v_heads();
     if items == 0 {
         return Ok(());
     }
+    let params = params.with(ctx.t.chunks, Shape::of(ctx.p));
+    let launch = cfg(items, P::THREADS, 0);
     // SAFETY: the caller's.
-    unsafe { dev.launch(kernel, Some(p.chunk_size()), cfg(items, threads, 0), params) }
+    unsafe {
+        ctx.dev
+            .launch(P::KERNEL, Some(ctx.p.chunk_size()), launch, &params)
+    }
 }
 
 /// i64 of a size (every size fits: [`Problem`] bounds element counts by `isize::MAX / 8`).

@@ -2,11 +2,9 @@
 
 use cudarc::driver::sys::CUdeviceptr;
 
-use super::{cfg, i, kernel_params, Shape, TablePtrs};
+use super::{cfg, i, kernel_params, Ctx, Shape};
 use crate::cuda::registry::{Kernel, Source};
-use crate::cuda::CudaDevice;
 use crate::error::Result;
-use crate::problem::Problem;
 
 /// State columns per block with K-major states (one thread each).
 const COLS_PER_BLOCK: usize = 128;
@@ -34,21 +32,16 @@ pub(crate) struct Params {
 kernel_params!(Params, Source::Recurrent);
 
 /// # Safety
-/// Every pointer of `params` holds its documented layout of `p`, and `t` are `p`'s tables, on
-/// the device's context.
-pub(crate) unsafe fn launch(
-    dev: &CudaDevice,
-    p: &Problem,
-    t: &TablePtrs,
-    v_first: bool,
-    params: &Params,
-) -> Result<()> {
+/// Every pointer of `params` holds its documented layout of `ctx.p`, and `ctx.t` are its
+/// tables, on the device's context.
+pub(crate) unsafe fn launch(ctx: &Ctx<'_>, v_first: bool, params: &Params) -> Result<()> {
+    let p = ctx.p;
     let (hv, dv) = (p.v_heads(), p.dv());
     if p.tokens() * hv == 0 {
         return Ok(());
     }
     let params = Params {
-        seq_start: t.seq_start,
+        seq_start: ctx.t.seq_start,
         shape: Shape::of(p),
         seqs: i(p.num_seqs()),
         ..*params
@@ -62,5 +55,8 @@ pub(crate) unsafe fn launch(
         (Kernel::RecurrentKv, threads, items)
     };
     // SAFETY: the caller's.
-    unsafe { dev.launch(kernel, None, cfg(items, threads as u32, 0), &params) }
+    unsafe {
+        ctx.dev
+            .launch(kernel, None, cfg(items, threads as u32, 0), &params)
+    }
 }

@@ -2,11 +2,9 @@
 
 use cudarc::driver::sys::CUdeviceptr;
 
-use super::{i, kernel_params, launch_per_chunk, ChunkTable, TablePtrs};
+use super::{cfg, i, kernel_params, ChunkTable, Ctx};
 use crate::cuda::registry::{Kernel, Source};
-use crate::cuda::CudaDevice;
 use crate::error::Result;
-use crate::problem::Problem;
 
 /// Mirrors `SolveTrilParams` in kernels/solve_tril.cu: both arrays `[B, T, HV, BT]` f32.
 #[repr(C)]
@@ -23,23 +21,24 @@ kernel_params!(Params, Source::SolveTril);
 /// short last chunk is a smaller block and columns past it stay zero. One thread per column.
 ///
 /// # Safety
-/// As [`super::kkt::launch`].
-pub(crate) unsafe fn launch(
-    dev: &CudaDevice,
-    p: &Problem,
-    t: &TablePtrs,
-    params: &Params,
-) -> Result<()> {
-    let bt = p.chunk_size();
-    let bytes = p.tokens() * p.v_heads() * bt * 4;
+/// Every pointer of `params` holds its documented layout of `ctx.p`, and `ctx.t` are its
+/// tables, on the device's context.
+pub(crate) unsafe fn launch(ctx: &Ctx<'_>, params: &Params) -> Result<()> {
+    let (p, bt) = (ctx.p, ctx.p.chunk_size());
+    let items = p.chunks().len() * p.v_heads();
     let params = Params {
-        chunks: t.chunks,
+        chunks: ctx.t.chunks,
         hv: i(p.v_heads()),
         ..*params
     };
     // SAFETY: the caller's.
     unsafe {
-        dev.memset_zero(params.a_inv, bytes, "A_inv")?;
-        launch_per_chunk(dev, p, Kernel::SolveTril, bt as u32, &params)
+        ctx.dev
+            .memset_zero(params.a_inv, p.tokens() * p.v_heads() * bt * 4, "A_inv")?;
+        if items == 0 {
+            return Ok(());
+        }
+        let launch = cfg(items, bt as u32, 0);
+        ctx.dev.launch(Kernel::SolveTril, Some(bt), launch, &params)
     }
 }

@@ -2,11 +2,8 @@
 
 use cudarc::driver::sys::CUdeviceptr;
 
-use super::{kernel_params, launch_per_chunk, ChunkTable, GammaPtrs, Shape, TablePtrs};
+use super::{kernel_params, ChunkTable, GammaPtrs, Shape};
 use crate::cuda::registry::{Kernel, Source};
-use crate::cuda::CudaDevice;
-use crate::error::Result;
-use crate::problem::Problem;
 
 /// Mirrors `WyParams` in kernels/wy.cu: `k` `[B, T, H, K]`, `v` `[B, T, HV, V]`, `beta`
 /// (effective) `[B, T, HV]`, `a_inv` `[B, T, HV, BT]`; written: `w` `[B, T, HV, K]`, `u`
@@ -24,21 +21,9 @@ pub(crate) struct Params {
     pub chunks: ChunkTable,
     pub shape: Shape,
 }
-kernel_params!(Params, Source::Wy);
-
-/// # Safety
-/// As [`super::kkt::launch`].
-pub(crate) unsafe fn launch(
-    dev: &CudaDevice,
-    p: &Problem,
-    t: &TablePtrs,
-    params: &Params,
-) -> Result<()> {
-    let params = Params {
-        chunks: t.chunks,
-        shape: Shape::of(p),
-        ..*params
-    };
-    // SAFETY: the caller's.
-    unsafe { launch_per_chunk(dev, p, Kernel::RecomputeWU, 256, &params) }
-}
+kernel_params!(
+    Params,
+    Source::Wy,
+    per_chunk: Kernel::RecomputeWU,
+    256
+);
