@@ -6,6 +6,9 @@
 //    and v_new it loads serves RPT outputs.
 // Terms of later tokens (l > i) are skipped, never multiplied by a zero: a non-finite value at
 // token l must not reach the outputs of tokens before it. BT and THREADS come from the registry.
+// The loops' inputs (q, k, h, v_new) are read through __ldg, the read-only data path: pointers
+// taken from the params struct carry no noalias guarantee, and the stores to o inside the loops
+// would otherwise keep the compiler from using it.
 #define DT 32
 #define EPT ((BT * BT + THREADS - 1) / THREADS)
 #define RPT 4
@@ -48,8 +51,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_output(const ChunkOu
                 const int i = e / DT, dd = e % DT;
                 const bool in = i < n && b0 + dd < dk;
                 const i64 at = ((start + i) * h + kh) * dk + b0 + dd;
-                qs[i][dd] = in ? q[at] : 0.0f;
-                ks[i][dd] = in ? k[at] : 0.0f;
+                qs[i][dd] = in ? __ldg(&q[at]) : 0.0f;
+                ks[i][dd] = in ? __ldg(&k[at]) : 0.0f;
             }
             __syncthreads();
 #pragma unroll
@@ -93,13 +96,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_output(const ChunkOu
                 qi[m] = q + ((start + (i < n ? i : 0)) * h + kh) * dk;
             }
             for (i64 r = 0; r < dk; ++r) {
-                const float s = state[r * dv + cc];
+                const float s = __ldg(&state[r * dv + cc]);
 #pragma unroll
-                for (int m = 0; m < RPT; ++m) out[m] = fmaf(di[m] * qi[m][r], s, out[m]);
+                for (int m = 0; m < RPT; ++m) out[m] = fmaf(di[m] * __ldg(&qi[m][r]), s, out[m]);
             }
             const i64 last = i0 + (RPT - 1) * rows < n ? i0 + (RPT - 1) * rows : n - 1;
             for (i64 l = 0; l <= last; ++l) {
-                const float x = v_new[((start + l) * hv + j) * dv + cc];
+                const float x = __ldg(&v_new[((start + l) * hv + j) * dv + cc]);
 #pragma unroll
                 for (int m = 0; m < RPT; ++m) {
                     // Only l <= i: v_new of a later token is skipped, not multiplied by p = 0.
