@@ -443,12 +443,13 @@ fn gpu_graph_replay_equals_uncaptured_and_cpu() {
         e.queue().unwrap();
         let plain = e.outputs();
 
-        // The same calls captured (global mode: any call the hot path made that a graph cannot
-        // hold, or any allocation or host synchronisation, fails the capture).
+        // The same calls captured. Any call of this thread that a graph cannot hold (an
+        // allocation, a host synchronisation, a synchronous copy) fails the capture; thread-local
+        // mode keeps the other tests' threads, which allocate freely, out of it.
         e.zero_outputs();
         stream.synchronize().unwrap();
         stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .unwrap();
         let queued = e.queue();
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
