@@ -3,61 +3,75 @@
 //! dynamically, so the crate builds and runs without them; [`CudaDevice::new`] then fails with
 //! [`Error::CudaUnavailable`].
 //!
-//! Every stage allocates its outputs and queues its kernels on the device's stream; nothing in
-//! the forward waits for the host. Buffers are flat f32 arrays in the layouts of [`Backend`].
+//! Rooms: `stages/` is the stage-by-stage path (one kernel per stage, the reference the fast
+//! paths are tested against), `kernels/` holds the `.cu` sources, [`registry`] compiles them, and
+//! [`engine`] is the interface for inference engines: the forward and the decode step on the
+//! caller's stream, over the caller's buffers and workspace, with nothing allocated and no host
+//! synchronisation in the hot path.
+//!
+//! Through [`crate::Backend`] every stage allocates its outputs and queues its kernels on the
+//! device's stream; nothing in the forward waits for the host. Buffers are flat f32 arrays in the
+//! layouts of [`crate::Backend`].
 
-mod cast;
-mod chunk_output;
-mod chunk_state;
-mod cumsum;
-mod gate;
-mod kkt;
-mod l2norm;
-mod recurrent;
+mod backend;
+pub mod engine;
 pub mod registry;
-mod solve_tril;
-mod wy;
+pub(crate) mod stages;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr, CUfunction_attribute, CUstream};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchConfig,
-    ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
+    LaunchConfig, ValidAsZeroBits,
 };
 
-use crate::backend::{Backend, ChunkStates, Gamma, Wy};
 use crate::error::{Error, Result};
-use crate::options::{HeadMap, Options};
 use crate::problem::Problem;
-use registry::{lock, Key};
+pub use engine::{
+    forward_workspace_bytes, step_workspace_bytes, DeviceMut, DeviceRef, ForwardIo, Plan, StepIo,
+    TokenInputs, Workspace, WORKSPACE_ALIGN,
+};
+use registry::{lock, Kernel, KernelParams, Key};
+use stages::{ChunkTable, TablePtrs};
 
 /// A flat f32 buffer on the GPU.
 pub type Buf = CudaSlice<f32>;
 
-/// Blocks per launch at most; kernels loop over the work items beyond it, so no item count hits
-/// a grid limit (the x dimension alone is used).
-const MAX_BLOCKS: usize = 1 << 22;
-
-/// How many problems' device tables are kept (a forward uses one; a test may alternate a few).
+/// How many problems' device tables are kept for the [`crate::Backend`] path (a forward uses
+/// one; a test may alternate a few). [`Plan`]s own their tables.
 const TABLE_CACHE: usize = 8;
 
-/// A problem's chunk and sequence tables on the device, as i64.
+/// A problem's chunk and sequence tables on the device, as i64 (see [`TablePtrs`]).
 #[derive(Debug)]
 pub(crate) struct Tables {
-    /// First flat token of each chunk.
-    pub chunk_start: CudaSlice<i64>,
-    /// Tokens in each chunk.
-    pub chunk_len: CudaSlice<i64>,
-    /// Index of each sequence's first chunk, plus the total (`N + 1` entries).
-    pub seq_first_chunk: CudaSlice<i64>,
-    /// First flat token of each sequence, plus the total (`N + 1` entries).
-    pub seq_start: CudaSlice<i64>,
+    /// The device memory `ptrs` points into: chunk starts, chunk lengths, each sequence's first
+    /// chunk, each sequence's first token.
+    _memory: [CudaSlice<i64>; 4],
+    /// Their addresses.
+    ptrs: TablePtrs,
 }
 
-/// One NVIDIA GPU: its context, the stream all work is queued on, its architecture and the
-/// kernels loaded into it.
+impl Tables {
+    /// The tables' addresses, valid while `self` lives.
+    pub(crate) fn ptrs(&self) -> TablePtrs {
+        self.ptrs
+    }
+}
+
+/// One NVIDIA GPU as the backend sees it: a CUDA context, the stream all work is queued on, the
+/// architecture and the kernels loaded into the context.
+///
+/// [`CudaDevice::new`] opens a GPU with a stream of its own; [`CudaDevice::from_stream`] and
+/// [`CudaDevice::from_raw_stream`] run on a stream an engine already has (candle's, PyTorch's
+/// current stream), creating and synchronising no stream of their own.
+///
+/// Buffers given to its [`crate::Backend`] methods must belong to its CUDA context (any stream
+/// of it: buffers an engine made on the same stream are accepted). Work is queued on the
+/// device's stream only; where the context tracks events (cudarc's default, as in candle) that
+/// stream waits for a buffer's pending writes on other streams, and where it does not (a
+/// [`CudaDevice::new`] device) ordering such writes first is the caller's job.
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -65,7 +79,7 @@ pub struct CudaDevice {
     arch: String,
     gpu_name: String,
     max_shared: usize,
-    functions: Mutex<HashMap<(Key, &'static str), CudaFunction>>,
+    functions: Mutex<HashMap<(Kernel, Option<usize>), CudaFunction>>,
     tables: Mutex<Vec<(Problem, Arc<Tables>)>>,
 }
 
@@ -84,25 +98,24 @@ pub(crate) fn cuda_err(context: impl Into<String>) -> impl FnOnce(DriverError) -
     }
 }
 
-fn open(ordinal: usize) -> Result<CudaDevice> {
-    let unavailable = |what: &str, e: DriverError| Error::CudaUnavailable(format!("{what}: {e}"));
-    let ctx = CudaContext::new(ordinal).map_err(|e| unavailable("no usable GPU", e))?;
-    // One stream carries all work, so cudarc's per-buffer events (for cross-stream ordering)
-    // would only add cost.
-    // SAFETY: every buffer of this device is used on its one stream only.
-    unsafe { ctx.disable_event_tracking() };
+fn unavailable(what: &str) -> impl FnOnce(DriverError) -> Error + '_ {
+    move |e| Error::CudaUnavailable(format!("{what}: {e}"))
+}
+
+/// The device of `stream`, described.
+fn on_stream(stream: Arc<CudaStream>) -> Result<CudaDevice> {
+    let ctx = stream.context().clone();
     let (major, minor) = ctx
         .compute_capability()
-        .map_err(|e| unavailable("compute capability", e))?;
-    let gpu_name = ctx.name().map_err(|e| unavailable("device name", e))?;
-    let stream = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
+        .map_err(unavailable("compute capability"))?;
+    let gpu_name = ctx.name().map_err(unavailable("device name"))?;
     let max_shared = ctx
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        .map_err(|e| unavailable("shared memory size", e))?;
+        .map_err(unavailable("shared memory size"))?;
     Ok(CudaDevice {
+        ordinal: ctx.ordinal(),
         ctx,
         stream,
-        ordinal,
         arch: format!("sm_{major}{minor}"),
         gpu_name,
         max_shared: usize::try_from(max_shared).unwrap_or(0),
@@ -111,29 +124,92 @@ fn open(ordinal: usize) -> Result<CudaDevice> {
     })
 }
 
+fn open(ordinal: usize) -> Result<CudaDevice> {
+    let ctx = CudaContext::new(ordinal).map_err(unavailable("no usable GPU"))?;
+    // One stream carries all work, so cudarc's per-buffer events (for cross-stream ordering)
+    // would only add cost.
+    // SAFETY: every buffer made through this context object is used on its one stream only.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
+    on_stream(stream)
+}
+
+/// Runs `f`, turning a cudarc panic (a driver symbol missing: a driver older than the API it
+/// binds) into [`Error::CudaUnavailable`].
+fn catch_driver_panic<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        Err(Error::CudaUnavailable(
+            "the CUDA driver failed to initialise".into(),
+        ))
+    })
+}
+
+fn libraries_present() -> Result<()> {
+    if !registry::driver_available() {
+        return Err(Error::CudaUnavailable(
+            "the CUDA driver library (libcuda) cannot be loaded".into(),
+        ));
+    }
+    if !registry::nvrtc_available() {
+        return Err(Error::CudaUnavailable(
+            "the NVRTC library (libnvrtc) cannot be loaded".into(),
+        ));
+    }
+    Ok(())
+}
+
 impl CudaDevice {
-    /// Opens the GPU with this ordinal. [`Error::CudaUnavailable`] when libcuda or libnvrtc
-    /// cannot be loaded, the driver fails to start, or there is no such GPU.
+    /// Opens the GPU with this ordinal, with a stream of its own. [`Error::CudaUnavailable`]
+    /// when libcuda or libnvrtc cannot be loaded, the driver fails to start, or there is no such
+    /// GPU.
     pub fn new(ordinal: usize) -> Result<Self> {
-        // SAFETY: only tries to open the shared libraries; no symbol is called.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(Error::CudaUnavailable(
-                "the CUDA driver library (libcuda) cannot be loaded".into(),
-            ));
-        }
+        libraries_present()?;
+        catch_driver_panic(|| open(ordinal))
+    }
+
+    /// Runs on `stream`, an engine's stream (candle exposes one per device): all work is queued
+    /// on it, in order with the engine's own work, and no stream is created or synchronised.
+    /// The stream's context is left as it is (its event tracking included).
+    pub fn from_stream(stream: Arc<CudaStream>) -> Result<Self> {
         if !registry::nvrtc_available() {
             return Err(Error::CudaUnavailable(
                 "the NVRTC library (libnvrtc) cannot be loaded".into(),
             ));
         }
-        // cudarc panics when a driver symbol is missing (a driver older than the API it binds):
-        // that, too, means the GPU cannot be used.
-        match std::panic::catch_unwind(|| open(ordinal)) {
-            Ok(r) => r,
-            Err(_) => Err(Error::CudaUnavailable(
-                "the CUDA driver failed to initialise".into(),
-            )),
-        }
+        catch_driver_panic(|| on_stream(stream))
+    }
+
+    /// Runs on a stream borrowed from another runtime (PyTorch's
+    /// `torch.cuda.current_stream().cuda_stream`), which must belong to the primary context of
+    /// GPU `ordinal` (the one the CUDA runtime uses). Nothing is created or synchronised; the
+    /// stream is never destroyed by this device.
+    ///
+    /// # Safety
+    /// `stream` is a valid stream (or null, the legacy default stream) of GPU `ordinal`'s primary
+    /// context, and stays valid while this device, or anything made from it, is used.
+    pub unsafe fn from_raw_stream(ordinal: usize, stream: CUstream) -> Result<Self> {
+        libraries_present()?;
+        catch_driver_panic(|| {
+            let ctx = CudaContext::new(ordinal).map_err(unavailable("no usable GPU"))?;
+            if !stream.is_null() {
+                let mut owner = std::ptr::null_mut();
+                // SAFETY: the caller guarantees a valid stream; the driver writes one handle.
+                unsafe { cudarc::driver::sys::cuStreamGetCtx(stream, &mut owner) }
+                    .result()
+                    .map_err(cuda_err("querying the stream's context"))?;
+                if owner != ctx.cu_ctx() {
+                    return Err(Error::invalid(
+                        "stream",
+                        format!("a stream of the primary context of GPU {ordinal}"),
+                        "a stream of another context",
+                    ));
+                }
+            }
+            // SAFETY: the stream belongs to this context (checked above) and outlives the
+            // device (the caller's promise).
+            let stream = unsafe { ctx.wrap_borrowed_stream(stream) };
+            on_stream(stream)
+        })
     }
 
     /// `cuda:0 NVIDIA H200 (sm_90)`.
@@ -151,43 +227,123 @@ impl CudaDevice {
         self.ctx.mem_get_info().map_err(cuda_err("querying memory"))
     }
 
+    /// The stream all of this device's work is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     /// Dynamic shared memory a block may use (after opting in), in bytes.
     pub(crate) fn max_shared_per_block(&self) -> usize {
         self.max_shared
     }
 
-    /// The stream all of this device's work is queued on.
-    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-
-    /// The kernel `func` of source `kernel` (compiled with chunk size `bt` where it needs one),
-    /// compiled and loaded on first use.
-    pub(crate) fn function(
-        &self,
-        kernel: &'static str,
-        bt: Option<usize>,
-        func: &'static str,
-    ) -> Result<CudaFunction> {
+    /// `kernel` (compiled with chunk size `bt` where its source needs one), compiled and loaded
+    /// on first use, then looked up without a driver call.
+    pub(crate) fn function(&self, kernel: Kernel, bt: Option<usize>) -> Result<CudaFunction> {
+        let bt = bt.filter(|_| kernel.source().needs_bt());
+        if let Some(f) = lock(&self.functions)?.get(&(kernel, bt)) {
+            return Ok(f.clone());
+        }
         let key = Key {
-            kernel,
+            source: kernel.source(),
             arch: self.arch.clone(),
             bt,
         };
-        let id = (key, func);
-        if let Some(f) = lock(&self.functions)?.get(&id) {
-            return Ok(f.clone());
-        }
-        let ptx = registry::ptx(&id.0)?;
+        let ptx = registry::ptx(&key)?;
         let module = self
             .ctx
             .load_module(ptx)
-            .map_err(cuda_err(format!("loading module {kernel}")))?;
+            .map_err(cuda_err(format!("loading module {}", key.source.name())))?;
         let f = module
-            .load_function(func)
-            .map_err(cuda_err(format!("loading function {func}")))?;
-        lock(&self.functions)?.insert(id, f.clone());
+            .load_function(kernel.name())
+            .map_err(cuda_err(format!("loading function {}", kernel.name())))?;
+        if kernel.large_shared() {
+            // The device's opt-in limit, set once here: each launch asks for what it needs
+            // within it, and no launch changes the function's attributes.
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                i32::try_from(self.max_shared).unwrap_or(i32::MAX),
+            )
+            .map_err(cuda_err(format!(
+                "opting {} in to shared memory",
+                kernel.name()
+            )))?;
+        }
+        lock(&self.functions)?.insert((kernel, bt), f.clone());
         Ok(f)
+    }
+
+    /// Queues `kernel` with its one argument `params` on the device's stream.
+    ///
+    /// # Safety
+    /// Every device pointer in `params` is valid, on this device's context, for everything the
+    /// kernel reads and writes under `cfg` and `params`' dimensions.
+    pub(crate) unsafe fn launch<P: KernelParams>(
+        &self,
+        kernel: Kernel,
+        bt: Option<usize>,
+        cfg: LaunchConfig,
+        params: &P,
+    ) -> Result<()> {
+        debug_assert_eq!(
+            kernel.source(),
+            P::SOURCE,
+            "{kernel:?} takes another struct"
+        );
+        let f = self.function(kernel, bt)?;
+        let fail = |e: DriverError| cuda_err(format!("launching {}", kernel.name()))(e);
+        self.ctx.bind_to_thread().map_err(fail)?;
+        // The one kernel argument, by address (cuLaunchKernel copies it before returning).
+        let mut args = [params as *const P as *mut std::ffi::c_void];
+        // SAFETY: P is the struct the kernel takes (KernelParams); the caller vouches for the
+        // pointers in it. Launched directly rather than through cudarc's builder: there are no
+        // buffers whose events it would track, and this way a launch allocates nothing.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                f.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                self.stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .map_err(fail)
+    }
+
+    /// Queues the zeroing of `bytes` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` holds `bytes` bytes on this device's context.
+    pub(crate) unsafe fn memset_zero(
+        &self,
+        ptr: CUdeviceptr,
+        bytes: usize,
+        what: &str,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let fail = |e: DriverError| cuda_err(format!("zeroing {what}"))(e);
+        self.ctx.bind_to_thread().map_err(fail)?;
+        // SAFETY: the caller vouches for the range; the operation is ordered on the stream.
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }
+            .map_err(fail)
+    }
+
+    /// Queues a copy of `n` f32 from `x` to `y` (a no-op when they are the same memory).
+    ///
+    /// # Safety
+    /// `x` and `y` hold `n` f32 on this device's context and are equal or do not overlap.
+    pub(crate) unsafe fn copy_f32(&self, x: CUdeviceptr, y: CUdeviceptr, n: usize) -> Result<()> {
+        if n == 0 || x == y {
+            return Ok(());
+        }
+        let fail = |e: DriverError| cuda_err(format!("copying {n} elements"))(e);
+        self.ctx.bind_to_thread().map_err(fail)?;
+        // SAFETY: the caller vouches for both ranges; the copy is ordered on the stream.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(y, x, n * 4, self.stream.cu_stream()) }
+            .map_err(fail)
     }
 
     /// A zero-filled buffer of `len` elements.
@@ -227,11 +383,9 @@ impl CudaDevice {
             .map_err(cuda_err(format!("uploading {what}")))
     }
 
-    /// The problem's chunk and sequence tables on the device, uploaded on first use.
-    pub(crate) fn tables(&self, p: &Problem) -> Result<Arc<Tables>> {
-        if let Some((_, t)) = lock(&self.tables)?.iter().find(|(q, _)| q == p) {
-            return Ok(t.clone());
-        }
+    /// Uploads the problem's chunk and sequence tables (a host-to-device copy: never in a hot
+    /// path).
+    pub(crate) fn upload_tables(&self, p: &Problem) -> Result<Tables> {
         let chunks = p.chunks();
         let starts: Vec<i64> = chunks.iter().map(|c| c.start as i64).collect();
         let lens: Vec<i64> = chunks.iter().map(|c| c.len as i64).collect();
@@ -241,12 +395,32 @@ impl CudaDevice {
         first.push(chunks.len() as i64);
         let mut seq_start: Vec<i64> = p.seqs().iter().map(|s| s.0 as i64).collect();
         seq_start.push(p.tokens() as i64);
-        let t = Arc::new(Tables {
-            chunk_start: self.upload_i64(&starts, "chunk table")?,
-            chunk_len: self.upload_i64(&lens, "chunk table")?,
-            seq_first_chunk: self.upload_i64(&first, "sequence table")?,
-            seq_start: self.upload_i64(&seq_start, "sequence table")?,
-        });
+        let chunk_start = self.upload_i64(&starts, "chunk table")?;
+        let chunk_len = self.upload_i64(&lens, "chunk table")?;
+        let seq_first_chunk = self.upload_i64(&first, "sequence table")?;
+        let seq_start = self.upload_i64(&seq_start, "sequence table")?;
+        let ptr = |s: &CudaSlice<i64>| s.device_ptr(&self.stream).0;
+        let ptrs = TablePtrs {
+            chunks: ChunkTable {
+                start: ptr(&chunk_start),
+                len: ptr(&chunk_len),
+                count: chunks.len() as i64,
+            },
+            seq_first_chunk: ptr(&seq_first_chunk),
+            seq_start: ptr(&seq_start),
+        };
+        Ok(Tables {
+            _memory: [chunk_start, chunk_len, seq_first_chunk, seq_start],
+            ptrs,
+        })
+    }
+
+    /// The problem's tables for the [`crate::Backend`] path, uploaded on first use and cached.
+    pub(crate) fn tables(&self, p: &Problem) -> Result<Arc<Tables>> {
+        if let Some((_, t)) = lock(&self.tables)?.iter().find(|(q, _)| q == p) {
+            return Ok(t.clone());
+        }
+        let t = Arc::new(self.upload_tables(p)?);
         let mut cache = lock(&self.tables)?;
         if cache.len() >= TABLE_CACHE {
             cache.remove(0);
@@ -254,181 +428,28 @@ impl CudaDevice {
         cache.push((p.clone(), t.clone()));
         Ok(t)
     }
-}
 
-/// A 1-D launch of `blocks` blocks (clamped to `1..=MAX_BLOCKS`) of `threads` threads.
-pub(crate) fn cfg(blocks: usize, threads: u32, shared_mem_bytes: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (blocks.clamp(1, MAX_BLOCKS) as u32, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes,
-    }
-}
-
-/// `1` for the tiled head map, `0` for grouped (the kernels' `tiled` flag).
-pub(crate) fn tiled(p: &Problem) -> i32 {
-    i32::from(p.head_map() == HeadMap::Tiled)
-}
-
-/// i64 of a size (every size fits: [`Problem`] bounds element counts by `isize::MAX / 8`).
-pub(crate) fn i(x: usize) -> i64 {
-    x as i64
-}
-
-impl CudaDevice {
-    /// Checks that a buffer holds exactly `want` elements and lives on this device's stream:
-    /// work is ordered by that one stream alone (no per-buffer events), so a buffer of another
-    /// stream or device would race or be an invalid pointer.
-    pub(crate) fn check(&self, arg: &'static str, buf: &Buf, want: usize) -> Result<()> {
+    /// Checks that a buffer holds exactly `want` elements and belongs to this device's CUDA
+    /// context (a buffer of another context or GPU would be an invalid pointer here).
+    ///
+    /// Buffers made on other streams of the same context are accepted: where the context
+    /// tracks events (cudarc's default, as in candle), this device's stream waits for their
+    /// pending writes; where it does not (a [`CudaDevice::new`] device), ordering work on other
+    /// streams before this device's use is the caller's job.
+    pub(crate) fn check<T>(
+        &self,
+        arg: &'static str,
+        buf: &CudaSlice<T>,
+        want: usize,
+    ) -> Result<()> {
         crate::error::check_len(arg, buf.len(), want)?;
-        if !Arc::ptr_eq(buf.stream(), &self.stream) {
+        if buf.context().cu_ctx() != self.ctx.cu_ctx() {
             return Err(Error::invalid(
                 arg,
-                "a buffer made by this CudaDevice",
-                "a buffer of another stream or device",
+                format!("a buffer of the CUDA context of {}", self.name()),
+                "a buffer of another context or GPU",
             ));
         }
         Ok(())
-    }
-
-    /// [`CudaDevice::check`] for the three buffers of a [`Gamma`], `n` elements each.
-    pub(crate) fn check_gamma(&self, gamma: &Gamma<Buf>, n: usize) -> Result<()> {
-        self.check("gamma", &gamma.gamma, n)?;
-        self.check("lo", &gamma.lo, n)?;
-        self.check("seg", &gamma.seg, n)
-    }
-}
-
-impl Backend for CudaDevice {
-    type Buf = Buf;
-
-    fn l2norm(&self, x: &Buf, rows: usize, dim: usize) -> Result<Buf> {
-        l2norm::l2norm(self, x, rows, dim)
-    }
-    fn gate(
-        &self,
-        p: &Problem,
-        opts: &Options,
-        g: &Buf,
-        beta: &Buf,
-        a_log: Option<&Buf>,
-        dt_bias: Option<&Buf>,
-    ) -> Result<(Buf, Buf)> {
-        gate::gate(self, p, opts, g, beta, a_log, dt_bias)
-    }
-    fn chunk_local_cumsum(&self, p: &Problem, g: &Buf) -> Result<Gamma<Buf>> {
-        cumsum::chunk_local_cumsum(self, p, g)
-    }
-    fn chunk_scaled_dot_kkt(
-        &self,
-        p: &Problem,
-        k: &Buf,
-        beta: &Buf,
-        gamma: &Gamma<Buf>,
-    ) -> Result<Buf> {
-        kkt::chunk_scaled_dot_kkt(self, p, k, beta, gamma)
-    }
-    fn solve_tril(&self, p: &Problem, a_strict: &Buf) -> Result<Buf> {
-        solve_tril::solve_tril(self, p, a_strict)
-    }
-    fn recompute_w_u(
-        &self,
-        p: &Problem,
-        k: &Buf,
-        v: &Buf,
-        beta: &Buf,
-        gamma: &Gamma<Buf>,
-        a_inv: &Buf,
-    ) -> Result<Wy<Buf>> {
-        wy::recompute_w_u(self, p, k, v, beta, gamma, a_inv)
-    }
-    fn chunk_state(
-        &self,
-        p: &Problem,
-        k: &Buf,
-        wy: &Wy<Buf>,
-        gamma: &Gamma<Buf>,
-        h0: Option<&Buf>,
-    ) -> Result<ChunkStates<Buf>> {
-        chunk_state::chunk_state(self, p, k, wy, gamma, h0)
-    }
-    fn chunk_output(
-        &self,
-        p: &Problem,
-        q: &Buf,
-        k: &Buf,
-        v_new: &Buf,
-        h: &Buf,
-        gamma: &Gamma<Buf>,
-        scale: f32,
-    ) -> Result<Buf> {
-        chunk_output::chunk_output(self, p, q, k, v_new, h, gamma, scale)
-    }
-    fn recurrent(
-        &self,
-        p: &Problem,
-        q: &Buf,
-        k: &Buf,
-        v: &Buf,
-        g: &Buf,
-        beta: &Buf,
-        state: &mut Buf,
-        v_first: bool,
-        scale: f32,
-    ) -> Result<Buf> {
-        recurrent::recurrent(self, p, q, k, v, g, beta, state, v_first, scale)
-    }
-}
-
-impl crate::HostIo for CudaDevice {
-    fn upload(&self, data: &[f32]) -> Result<Buf> {
-        if data.is_empty() {
-            return self.zeros(0, "an upload");
-        }
-        self.stream
-            .clone_htod(data)
-            .map_err(cuda_err(format!("uploading {} elements", data.len())))
-    }
-    fn upload_tensor(&self, t: &crate::Tensor<'_>) -> Result<Buf> {
-        cast::upload_tensor(self, t)
-    }
-    fn download(&self, buf: &Buf) -> Result<Vec<f32>> {
-        self.check("buffer", buf, buf.len())?;
-        if buf.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.stream
-            .clone_dtoh(buf)
-            .map_err(cuda_err(format!("downloading {} elements", buf.len())))
-    }
-    fn synchronize(&self) -> Result<()> {
-        self.stream
-            .synchronize()
-            .map_err(cuda_err("synchronizing"))?;
-        // Errors of asynchronous frees are parked in the context by cudarc's destructors.
-        self.ctx
-            .check_err()
-            .map_err(cuda_err("an earlier asynchronous operation"))
-    }
-    fn time_ms(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
-        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = self
-            .ctx
-            .new_event(flags)
-            .map_err(cuda_err("creating an event"))?;
-        let end = self
-            .ctx
-            .new_event(flags)
-            .map_err(cuda_err("creating an event"))?;
-        start
-            .record(&self.stream)
-            .map_err(cuda_err("recording an event"))?;
-        f()?;
-        end.record(&self.stream)
-            .map_err(cuda_err("recording an event"))?;
-        let ms = start
-            .elapsed_ms(&end)
-            .map_err(cuda_err("timing with events"))?;
-        Ok(f64::from(ms))
     }
 }

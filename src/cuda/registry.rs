@@ -1,107 +1,267 @@
 //! The kernel registry: every kernel source of the backend, compiled at run time by NVRTC for one
-//! GPU architecture, once per process for each (kernel, architecture, compile-time constants).
+//! GPU architecture, once per process for each (source, architecture, chunk size).
+//!
+//! Kernels are named by [`Kernel`], sources by [`Source`]. The compile-time constants a source
+//! needs are stated once, on the Rust side, and passed as `-D` flags: `BT` (the chunk size, for
+//! sources that size shared arrays by it), the launch's `THREADS` where the source sizes work by
+//! it, and `PARAMS_BYTES`, the size of the source's params struct, which the source checks its
+//! mirror against.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use cudarc::driver::DeviceRepr;
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 
+use super::stages;
 use crate::error::{Error, Result};
 use crate::options::CHUNK_SIZES;
 
 /// Declarations every kernel source starts with (prepended at compile time).
 const COMMON: &str = include_str!("kernels/common.cuh");
 
-/// One kernel source file: its name, its text, and whether it needs the chunk size `BT` as a
-/// compile-time constant (it sizes shared-memory arrays).
-#[derive(Clone, Copy, Debug)]
-pub struct Source {
-    /// The stage's name, also the file's stem under `src/cuda/kernels/`.
-    pub name: &'static str,
-    /// The CUDA C++ text (no toolkit headers).
-    pub text: &'static str,
-    /// Compiled once per chunk size, with `-DBT=<chunk size>`.
-    pub needs_bt: bool,
+/// A kernel's one argument: a `#[repr(C)]` struct mirrored field by field in `SOURCE`.
+///
+/// # Safety
+/// The type's layout equals the struct the kernels of `SOURCE` take.
+pub(crate) unsafe trait KernelParams: DeviceRepr + Copy {
+    /// The source whose kernels take this struct.
+    const SOURCE: Source;
 }
 
-/// Every kernel source of the backend.
-pub const SOURCES: [Source; 10] = [
-    Source {
-        name: "cast",
-        text: include_str!("kernels/cast.cu"),
-        needs_bt: false,
-    },
-    Source {
-        name: "l2norm",
-        text: include_str!("kernels/l2norm.cu"),
-        needs_bt: false,
-    },
-    Source {
-        name: "gate",
-        text: include_str!("kernels/gate.cu"),
-        needs_bt: false,
-    },
-    Source {
-        name: "cumsum",
-        text: include_str!("kernels/cumsum.cu"),
-        needs_bt: false,
-    },
-    Source {
-        name: "kkt",
-        text: include_str!("kernels/kkt.cu"),
-        needs_bt: true,
-    },
-    Source {
-        name: "solve_tril",
-        text: include_str!("kernels/solve_tril.cu"),
-        needs_bt: true,
-    },
-    Source {
-        name: "wy",
-        text: include_str!("kernels/wy.cu"),
-        needs_bt: true,
-    },
-    Source {
-        name: "chunk_state",
-        text: include_str!("kernels/chunk_state.cu"),
-        needs_bt: true,
-    },
-    Source {
-        name: "chunk_output",
-        text: include_str!("kernels/chunk_output.cu"),
-        needs_bt: true,
-    },
-    Source {
-        name: "recurrent",
-        text: include_str!("kernels/recurrent.cu"),
-        needs_bt: false,
-    },
-];
+/// One kernel source file under `src/cuda/kernels/`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// 16-bit floats to and from f32.
+    Cast,
+    /// Row normalisation of q and k.
+    L2norm,
+    /// The effective gate and beta.
+    Gate,
+    /// The within-chunk cumulative gate.
+    Cumsum,
+    /// `A_strict`.
+    Kkt,
+    /// `A_inv`.
+    SolveTril,
+    /// `w` and `u`.
+    Wy,
+    /// The sequential pass over chunks.
+    ChunkState,
+    /// The output.
+    ChunkOutput,
+    /// The token-by-token recurrence.
+    Recurrent,
+}
 
-/// What identifies one compiled module: the source, the target (`sm_90`) and the compile-time
-/// constants (`BT`, or none).
+impl Source {
+    /// Every source of the backend.
+    pub const ALL: [Source; 10] = [
+        Source::Cast,
+        Source::L2norm,
+        Source::Gate,
+        Source::Cumsum,
+        Source::Kkt,
+        Source::SolveTril,
+        Source::Wy,
+        Source::ChunkState,
+        Source::ChunkOutput,
+        Source::Recurrent,
+    ];
+
+    /// The file's stem under `src/cuda/kernels/`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Cast => "cast",
+            Source::L2norm => "l2norm",
+            Source::Gate => "gate",
+            Source::Cumsum => "cumsum",
+            Source::Kkt => "kkt",
+            Source::SolveTril => "solve_tril",
+            Source::Wy => "wy",
+            Source::ChunkState => "chunk_state",
+            Source::ChunkOutput => "chunk_output",
+            Source::Recurrent => "recurrent",
+        }
+    }
+
+    /// The CUDA C++ text (no toolkit headers).
+    pub fn text(self) -> &'static str {
+        match self {
+            Source::Cast => include_str!("kernels/cast.cu"),
+            Source::L2norm => include_str!("kernels/l2norm.cu"),
+            Source::Gate => include_str!("kernels/gate.cu"),
+            Source::Cumsum => include_str!("kernels/cumsum.cu"),
+            Source::Kkt => include_str!("kernels/kkt.cu"),
+            Source::SolveTril => include_str!("kernels/solve_tril.cu"),
+            Source::Wy => include_str!("kernels/wy.cu"),
+            Source::ChunkState => include_str!("kernels/chunk_state.cu"),
+            Source::ChunkOutput => include_str!("kernels/chunk_output.cu"),
+            Source::Recurrent => include_str!("kernels/recurrent.cu"),
+        }
+    }
+
+    /// Whether the source is compiled once per chunk size, with `-DBT=<chunk size>`.
+    pub fn needs_bt(self) -> bool {
+        matches!(
+            self,
+            Source::Kkt | Source::SolveTril | Source::Wy | Source::ChunkState | Source::ChunkOutput
+        )
+    }
+
+    /// The size of the source's params struct (its Rust mirror).
+    fn params_bytes(self) -> usize {
+        use std::mem::size_of;
+        match self {
+            Source::Cast => size_of::<stages::cast::Params>(),
+            Source::L2norm => size_of::<stages::l2norm::Params>(),
+            Source::Gate => size_of::<stages::gate::Params>(),
+            Source::Cumsum => size_of::<stages::cumsum::Params>(),
+            Source::Kkt => size_of::<stages::kkt::Params>(),
+            Source::SolveTril => size_of::<stages::solve_tril::Params>(),
+            Source::Wy => size_of::<stages::wy::Params>(),
+            Source::ChunkState => size_of::<stages::chunk_state::Params>(),
+            Source::ChunkOutput => size_of::<stages::chunk_output::Params>(),
+            Source::Recurrent => size_of::<stages::recurrent::Params>(),
+        }
+    }
+
+    /// Constants besides `BT` and `PARAMS_BYTES` that the source is compiled with.
+    fn defines(self) -> Vec<(&'static str, usize)> {
+        match self {
+            Source::Kkt => vec![("THREADS", stages::kkt::THREADS)],
+            Source::ChunkOutput => vec![("THREADS", stages::chunk_output::THREADS)],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// One kernel (an `extern "C" __global__` function) of a [`Source`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// bf16 or f16 to f32, exact.
+    Widen,
+    /// f32 to bf16 or f16, round to nearest even.
+    Narrow,
+    /// Row normalisation.
+    L2norm,
+    /// The effective gate and beta.
+    Gate,
+    /// `gamma`, `lo`, `seg`.
+    ChunkLocalCumsum,
+    /// `A_strict`.
+    ChunkScaledDotKkt,
+    /// `A_inv`.
+    SolveTril,
+    /// `w`, `u`.
+    RecomputeWU,
+    /// `h`, `v_new`, the final state.
+    ChunkState,
+    /// `o`.
+    ChunkOutput,
+    /// The recurrence with K-major states.
+    RecurrentKv,
+    /// The recurrence with V-major states.
+    RecurrentVk,
+}
+
+impl Kernel {
+    /// Every kernel of the backend.
+    pub const ALL: [Kernel; 12] = [
+        Kernel::Widen,
+        Kernel::Narrow,
+        Kernel::L2norm,
+        Kernel::Gate,
+        Kernel::ChunkLocalCumsum,
+        Kernel::ChunkScaledDotKkt,
+        Kernel::SolveTril,
+        Kernel::RecomputeWU,
+        Kernel::ChunkState,
+        Kernel::ChunkOutput,
+        Kernel::RecurrentKv,
+        Kernel::RecurrentVk,
+    ];
+
+    /// The source the kernel is defined in.
+    pub fn source(self) -> Source {
+        match self {
+            Kernel::Widen | Kernel::Narrow => Source::Cast,
+            Kernel::L2norm => Source::L2norm,
+            Kernel::Gate => Source::Gate,
+            Kernel::ChunkLocalCumsum => Source::Cumsum,
+            Kernel::ChunkScaledDotKkt => Source::Kkt,
+            Kernel::SolveTril => Source::SolveTril,
+            Kernel::RecomputeWU => Source::Wy,
+            Kernel::ChunkState => Source::ChunkState,
+            Kernel::ChunkOutput => Source::ChunkOutput,
+            Kernel::RecurrentKv | Kernel::RecurrentVk => Source::Recurrent,
+        }
+    }
+
+    /// The function's name in its source.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Widen => "widen",
+            Kernel::Narrow => "narrow",
+            Kernel::L2norm => "l2norm",
+            Kernel::Gate => "gate",
+            Kernel::ChunkLocalCumsum => "chunk_local_cumsum",
+            Kernel::ChunkScaledDotKkt => "chunk_scaled_dot_kkt",
+            Kernel::SolveTril => "solve_tril",
+            Kernel::RecomputeWU => "recompute_w_u",
+            Kernel::ChunkState => "chunk_state",
+            Kernel::ChunkOutput => "chunk_output",
+            Kernel::RecurrentKv => "recurrent_kv",
+            Kernel::RecurrentVk => "recurrent_vk",
+        }
+    }
+
+    /// Whether the kernel asks for more dynamic shared memory than the default 48 KiB, so its
+    /// function is opted in to the device's limit when loaded.
+    pub(crate) fn large_shared(self) -> bool {
+        self == Kernel::ChunkState
+    }
+}
+
+/// What identifies one compiled module: the source, the target (`sm_90`) and the chunk size
+/// `BT` for sources that need one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Key {
-    /// The source's name (see [`SOURCES`]).
-    pub kernel: &'static str,
+    /// The source.
+    pub source: Source,
     /// The target architecture, `sm_XY`.
     pub arch: String,
     /// The chunk size `BT` for sources that need it.
     pub bt: Option<usize>,
 }
 
-fn source(kernel: &str) -> Result<&'static Source> {
-    SOURCES
-        .iter()
-        .find(|s| s.name == kernel)
-        .ok_or_else(|| Error::invalid("kernel", "a kernel source of the CUDA backend", kernel))
+/// Whether a shared library can be opened under one of `names`.
+fn library_present(names: &[&str]) -> bool {
+    names.iter().any(|n| {
+        // SAFETY: opening a library runs its initialisers; the CUDA libraries' are benign, and
+        // cudarc opens the same libraries the same way.
+        unsafe { libloading::Library::new(*n) }.is_ok()
+    })
 }
 
-/// Whether libnvrtc can be loaded on this machine (checked before any NVRTC call, since cudarc
-/// panics on a missing library).
+/// Whether libnvrtc can be loaded on this machine (checked before any NVRTC call: with dynamic
+/// loading cudarc panics on a missing library). Where cudarc links the library at build time
+/// (its `dynamic-linking` feature) the process cannot start without it, and the check passes.
 pub fn nvrtc_available() -> bool {
-    // SAFETY: only tries to open the shared library; no symbol is called.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+    library_present(&[
+        "libnvrtc.so",
+        "libnvrtc.so.13",
+        "libnvrtc.so.12",
+        "libnvrtc.so.11",
+        "nvrtc64_130_0.dll",
+        "nvrtc64_120_0.dll",
+        "nvrtc64_112_0.dll",
+    ])
+}
+
+/// Whether the CUDA driver library can be loaded (see [`nvrtc_available`]).
+pub(crate) fn driver_available() -> bool {
+    library_present(&["libcuda.so", "libcuda.so.1", "nvcuda.dll"])
 }
 
 fn compile_error(key: &Key, e: CompileError) -> Error {
@@ -110,7 +270,7 @@ fn compile_error(key: &Key, e: CompileError) -> Error {
         other => format!("{other:?}"),
     };
     Error::Compile {
-        kernel: key.kernel.to_string(),
+        kernel: key.source.name().to_string(),
         arch: key.arch.clone(),
         log,
     }
@@ -121,7 +281,7 @@ fn compile_uncached(key: &Key) -> Result<String> {
     if !nvrtc_available() {
         return Err(Error::CudaUnavailable("libnvrtc cannot be loaded".into()));
     }
-    let src = source(key.kernel)?;
+    let src = key.source;
     let mut options = vec![
         format!("--gpu-architecture={}", key.arch),
         "--std=c++17".to_string(),
@@ -129,22 +289,24 @@ fn compile_uncached(key: &Key) -> Result<String> {
         "--fmad=true".to_string(),
         "--prec-div=true".to_string(),
         "--prec-sqrt=true".to_string(),
+        format!("-DPARAMS_BYTES={}", src.params_bytes()),
     ];
-    match (src.needs_bt, key.bt) {
+    options.extend(src.defines().iter().map(|(k, v)| format!("-D{k}={v}")));
+    match (src.needs_bt(), key.bt) {
         (true, Some(bt)) => options.push(format!("-DBT={bt}")),
         (true, None) => {
             return Err(Error::invalid(
                 "BT",
-                format!("a chunk size for kernel {}", key.kernel),
+                format!("a chunk size for kernel source {}", src.name()),
                 "none",
             ))
         }
         _ => {}
     }
-    let text = format!("{COMMON}\n{}", src.text);
+    let text = format!("{COMMON}\n{}", src.text());
     let opts = CompileOptions {
         options,
-        name: Some(format!("{}.cu", key.kernel)),
+        name: Some(format!("{}.cu", src.name())),
         ..Default::default()
     };
     let ptx =
@@ -177,15 +339,15 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
 /// were compiled; fails with the first [`Error::Compile`].
 pub fn compile_all(arch: &str) -> Result<usize> {
     let mut n = 0;
-    for src in SOURCES.iter() {
-        let bts: Vec<Option<usize>> = if src.needs_bt {
+    for src in Source::ALL {
+        let bts: Vec<Option<usize>> = if src.needs_bt() {
             CHUNK_SIZES.iter().map(|&b| Some(b)).collect()
         } else {
             vec![None]
         };
         for bt in bts {
             compile_uncached(&Key {
-                kernel: src.name,
+                source: src,
                 arch: arch.to_string(),
                 bt,
             })?;
@@ -193,4 +355,37 @@ pub fn compile_all(arch: &str) -> Result<usize> {
         }
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_belongs_to_a_listed_source_and_names_are_unique() {
+        let mut names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Kernel::ALL.len());
+        for k in Kernel::ALL {
+            assert!(Source::ALL.contains(&k.source()), "{k:?}");
+            let decl = format!("void {}(", k.name());
+            let decl_bounds = format!(") {}(", k.name());
+            let text = k.source().text();
+            assert!(
+                text.contains(&decl) || text.contains(&decl_bounds),
+                "{} is not defined in {}.cu",
+                k.name(),
+                k.source().name()
+            );
+        }
+        for s in Source::ALL {
+            assert!(s.text().contains("== PARAMS_BYTES"), "{}", s.name());
+            assert!(
+                Kernel::ALL.iter().any(|k| k.source() == s),
+                "{} has no kernel",
+                s.name()
+            );
+        }
+    }
 }

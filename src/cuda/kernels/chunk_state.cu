@@ -5,14 +5,39 @@
 // Dynamic shared memory: S [dk][vt], v_new tile [BT][vt], decays [BT], and with `staged` the
 // chunk's w and k rows [BT][dk] each, loaded once per chunk with coalesced reads so that the
 // serial loops below read shared memory rather than wait on global loads.
-extern "C" __global__ void chunk_state(
-    const float* __restrict__ k, const float* __restrict__ w, const float* __restrict__ u,
-    const float* __restrict__ gamma, const float* __restrict__ lo, const float* __restrict__ seg,
-    const float* __restrict__ h0, int has_h0, float* __restrict__ h_out,
-    float* __restrict__ v_new, float* __restrict__ final_state,
-    const i64* __restrict__ chunk_start, const i64* __restrict__ chunk_len,
-    const i64* __restrict__ seq_first_chunk, i64 seqs, i64 h, i64 hv, i64 dk, i64 dv, i64 vt,
-    int tiled, int staged) {
+struct ChunkStateParams {
+    const float* k;  // [B, T, H, K]
+    const float* w;  // [B, T, HV, K]
+    const float* u;  // [B, T, HV, V]
+    GammaIn gm;
+    // [N, HV, K, V]; null means zero states. It may be final_state itself: each block reads its
+    // tile of h0 before it writes the same tile of final_state, and no other block touches it
+    // (so neither pointer is __restrict__).
+    const float* h0;
+    float* h;            // [chunks, HV, K, V], the state entering each chunk
+    float* v_new;        // [B, T, HV, V]
+    float* final_state;  // [N, HV, K, V]
+    Chunks chunks;
+    const i64* seq_first_chunk;  // [N + 1]
+    Shape s;
+    i64 seqs;
+    i64 vt;      // state columns per block
+    int staged;  // the chunk's w and k rows are staged in shared memory
+};
+static_assert(sizeof(ChunkStateParams) == PARAMS_BYTES, "ChunkStateParams differs from its Rust mirror");
+
+extern "C" __global__ void chunk_state(const ChunkStateParams P) {
+    const float* __restrict__ k = P.k;
+    const float* __restrict__ w = P.w;
+    const float* __restrict__ u = P.u;
+    GAMMA_LOCALS(P.gm);
+    float* __restrict__ h_out = P.h;
+    float* __restrict__ v_new = P.v_new;
+    const float* h0 = P.h0;
+    float* final_state = P.final_state;
+    const i64* __restrict__ chunk_start = P.chunks.start;
+    const i64* __restrict__ chunk_len = P.chunks.len;
+    const i64 h = P.s.heads, hv = P.s.hv, dk = P.s.dk, dv = P.s.dv, vt = P.vt;
     extern __shared__ float smem[];
     float* s = smem;                 // [dk][vt]
     float* vn = s + dk * vt;         // [BT][vt]
@@ -21,18 +46,18 @@ extern "C" __global__ void chunk_state(
     float* kc = ws + BT * dk;        // [BT][dk], with staged
     const i64 tiles = (dv + vt - 1) / vt;
     const i64 kv = dk * dv;
-    BLOCK_LOOP(item, seqs * hv * tiles) {
+    BLOCK_LOOP(item, P.seqs * hv * tiles) {
         const i64 tile = item % tiles, rest = item / tiles;
         const i64 j = rest % hv, n = rest / hv;
-        const i64 kh = qk_head(j, h, hv, tiled);
+        const i64 kh = qk_head(j, h, hv, P.s.tiled);
         const i64 c0 = tile * vt;
         const i64 cw = dv - c0 < vt ? dv - c0 : vt;
         __syncthreads();
         for (i64 e = threadIdx.x; e < dk * cw; e += blockDim.x) {
             const i64 r = e / cw, cc = e % cw;
-            s[r * vt + cc] = has_h0 ? h0[(n * hv + j) * kv + r * dv + c0 + cc] : 0.0f;
+            s[r * vt + cc] = h0 ? h0[(n * hv + j) * kv + r * dv + c0 + cc] : 0.0f;
         }
-        for (i64 ci = seq_first_chunk[n]; ci < seq_first_chunk[n + 1]; ++ci) {
+        for (i64 ci = P.seq_first_chunk[n]; ci < P.seq_first_chunk[n + 1]; ++ci) {
             const i64 start = chunk_start[ci], len = chunk_len[ci];
             const i64 last = (start + len - 1) * hv + j;
             const float g_last = gamma[last], l_last = lo[last], s_last = seg[last];
@@ -40,7 +65,7 @@ extern "C" __global__ void chunk_state(
             const float* w_rows = w + (start * hv + j) * dk;
             const float* k_rows = k + (start * h + kh) * dk;
             i64 w_stride = hv * dk, k_stride = h * dk;
-            if (staged) {
+            if (P.staged) {
                 for (i64 e = threadIdx.x; e < len * dk; e += blockDim.x) {
                     const i64 i = e / dk, r = e % dk;
                     ws[e] = w_rows[i * w_stride + r];

@@ -1,10 +1,40 @@
 // Shared by every kernel source (prepended by the registry; no toolkit header is available).
 // All index arithmetic is 64-bit: a [T, H, K] buffer can exceed 2^31 elements.
+//
+// Every kernel takes one parameter: a struct passed by value, mirrored field by field by a
+// #[repr(C)] struct in src/cuda/stages/ (pointers are CUdeviceptr, u64, there). The registry
+// compiles each source with -DPARAMS_BYTES=<size of the Rust mirror>, and each source checks its
+// struct against it, so a mismatch is a compile error rather than a garbled launch.
 typedef long long i64;
 
 // Work items are spread over a 1-D grid of at most a few million blocks; each block loops over
 // the items it owns, so no count can hit a grid-dimension limit.
 #define BLOCK_LOOP(item, n) for (i64 item = blockIdx.x; item < (n); item += gridDim.x)
+
+// The within-chunk cumulative gate (see the Gamma doc in backend.rs), three [B, T, HV] arrays.
+struct GammaIn {
+    const float* gamma;
+    const float* lo;
+    const float* seg;
+};
+
+// gm's arrays as __restrict__ locals gamma, lo and seg.
+#define GAMMA_LOCALS(gm) \
+    const float *__restrict__ gamma = (gm).gamma, *__restrict__ lo = (gm).lo, *__restrict__ seg = (gm).seg
+
+// The chunk table: chunk c covers the flat tokens start[c] .. start[c] + len[c].
+struct Chunks {
+    const i64* start;
+    const i64* len;
+    i64 count;
+};
+
+// The dimensions most kernels take: H q/k heads, HV value heads, K, V, and the head map (tiled:
+// value head j reads q/k head j % H; grouped: j / (HV / H)).
+struct Shape {
+    i64 heads, hv, dk, dv;
+    int tiled;
+};
 
 // The decay from token j to token i of one chunk (see the Gamma doc in backend.rs): the
 // difference of the running sums plus the difference of their rounding errors.

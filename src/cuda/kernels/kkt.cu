@@ -2,20 +2,32 @@
 // [B, T, HV, BT]. One block of THREADS threads per (chunk, value head): the chunk's k rows pass
 // through shared memory in slices of DT dimensions (coalesced loads), and each thread keeps the
 // dot products of its EPT entries of the BT x BT block in registers. The output arrives zeroed,
-// so entries on and above the diagonal and past a short chunk are left alone.
-#define THREADS 256
+// so entries on and above the diagonal and past a short chunk are left alone. BT and THREADS
+// come from the registry.
 #define DT 32
 #define EPT ((BT * BT + THREADS - 1) / THREADS)
 
-extern "C" __global__ void __launch_bounds__(THREADS) chunk_scaled_dot_kkt(
-    const float* __restrict__ k, const float* __restrict__ beta, const float* __restrict__ gamma, const float* __restrict__ lo,
-    const float* __restrict__ seg, float* __restrict__ a, const i64* __restrict__ chunk_start,
-    const i64* __restrict__ chunk_len, i64 chunks, i64 h, i64 hv, i64 dk, int tiled) {
+struct KktParams {
+    const float* k;     // [B, T, H, K]
+    const float* beta;  // [B, T, HV], effective
+    GammaIn gm;
+    float* a_strict;  // [B, T, HV, BT], zeroed
+    Chunks chunks;
+    Shape s;  // dv unused
+};
+static_assert(sizeof(KktParams) == PARAMS_BYTES, "KktParams differs from its Rust mirror");
+
+extern "C" __global__ void __launch_bounds__(THREADS) chunk_scaled_dot_kkt(const KktParams P) {
+    const float* __restrict__ k = P.k;
+    const float* __restrict__ beta = P.beta;
+    GAMMA_LOCALS(P.gm);
+    float* __restrict__ a = P.a_strict;
+    const i64 h = P.s.heads, hv = P.s.hv, dk = P.s.dk;
     __shared__ float ks[BT][DT + 1];
-    BLOCK_LOOP(item, chunks * hv) {
+    BLOCK_LOOP(item, P.chunks.count * hv) {
         const i64 c = item / hv, j = item % hv;
-        const i64 kh = qk_head(j, h, hv, tiled);
-        const i64 start = chunk_start[c], n = chunk_len[c];
+        const i64 kh = qk_head(j, h, hv, P.s.tiled);
+        const i64 start = P.chunks.start[c], n = P.chunks.len[c];
         float acc[EPT];
 #pragma unroll
         for (int m = 0; m < EPT; ++m) acc[m] = 0.0f;
@@ -35,6 +47,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_scaled_dot_kkt(
                 for (int dd = 0; dd < DT; ++dd) acc[m] = fmaf(ks[r][dd], ks[col][dd], acc[m]);
             }
         }
+        // Entries with col >= r hold products with later tokens: they are skipped, never scaled
+        // by zero, so a non-finite later token cannot reach an earlier row.
 #pragma unroll
         for (int m = 0; m < EPT; ++m) {
             const int e = threadIdx.x + m * THREADS;

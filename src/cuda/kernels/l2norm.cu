@@ -1,6 +1,16 @@
 // x / sqrt(sum x^2 + 1e-6) over each row of `dim` elements: one warp per row.
-extern "C" __global__ void l2norm(const float* __restrict__ x, float* __restrict__ y, i64 rows,
-                                  i64 dim) {
+struct L2normParams {
+    const float* x;  // [rows, dim]
+    float* y;        // [rows, dim]
+    i64 rows;
+    i64 dim;
+};
+static_assert(sizeof(L2normParams) == PARAMS_BYTES, "L2normParams differs from its Rust mirror");
+
+extern "C" __global__ void l2norm(const L2normParams P) {
+    const float* __restrict__ x = P.x;
+    float* __restrict__ y = P.y;
+    const i64 rows = P.rows, dim = P.dim;
     const i64 warps = blockDim.x / 32;
     const int lane = threadIdx.x & 31;
     for (i64 row = (i64)blockIdx.x * warps + threadIdx.x / 32; row < rows;
