@@ -10,6 +10,7 @@ mod cast;
 mod chunk_output;
 mod chunk_state;
 mod cumsum;
+pub mod fused;
 mod gate;
 mod kkt;
 mod l2norm;
@@ -301,6 +302,19 @@ impl CudaDevice {
 
 impl Backend for CudaDevice {
     type Buf = Buf;
+
+    /// The fused kernels where [`fused::supported`], else the stages one after the other.
+    fn forward(
+        &self,
+        p: &Problem,
+        opts: &Options,
+        x: &crate::StageInputs<Buf>,
+    ) -> Result<crate::ForwardOut<Buf>> {
+        if fused::supported(self, p, opts) {
+            return fused::forward_bufs(self, p, opts, x);
+        }
+        crate::chunk_forward(self, p, opts, x)
+    }
 
     fn l2norm(&self, x: &Buf, rows: usize, dim: usize) -> Result<Buf> {
         l2norm::l2norm(self, x, rows, dim)

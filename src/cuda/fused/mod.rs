@@ -1,0 +1,522 @@
+//! The fused GPU prefill: two kernels per forward instead of seven stages, with the products on
+//! the tensor cores and the arithmetic still exact to f32 rounding (TF32 hi/lo splits, see
+//! `kernels/fused/mma.cuh`).
+//!
+//! - `chunk_intra` (one block per chunk and value head): gate, cumsum, l2norm as row scalings,
+//!   `A_strict`, its inverse, the masked and decayed `q k^T` block, and the row scalings the
+//!   second kernel needs. It writes 132 f32 per token and value head into the workspace.
+//! - `chunk_recurrent` (one block per sequence, value head and tile of state columns): the state
+//!   tile stays on chip across the sequence's chunks; per chunk `v_new`, the output and the
+//!   state update.
+//!
+//! The stage path (`crate::chunk_forward`) stays the reference; [`supported`] says when this
+//! one applies, and [`crate::Backend::forward`] of [`CudaDevice`] takes it then.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaFunction, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+use super::registry::{lock, nvrtc_available};
+use super::{cuda_err, Buf, CudaDevice};
+use crate::backend::StageInputs;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::forward::ForwardOut;
+use crate::options::Options;
+use crate::problem::Problem;
+use crate::RESET_LOG_DECAY;
+
+/// The chunk size the fused kernels are written for.
+pub const CHUNK: usize = 64;
+/// The largest key and value dimensions compiled (as constants) into the fused kernels.
+pub const MAX_DIM: usize = 256;
+const THREADS: u32 = 256;
+/// f32 values per token and value head in the workspace: `a_inv` and `p` rows (64 each) and
+/// four row scalings.
+const WS_PER_ROW: usize = 2 * CHUNK + 4;
+
+const COMMON: &str = include_str!("../kernels/common.cuh");
+const MMA: &str = include_str!("../kernels/fused/mma.cuh");
+const INTRA: &str = include_str!("../kernels/fused/chunk_intra.cu");
+const RECURRENT: &str = include_str!("../kernels/fused/chunk_recurrent.cu");
+
+/// The two fused kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// `chunk_intra.cu`.
+    ChunkIntra,
+    /// `chunk_recurrent.cu`.
+    ChunkRecurrent,
+}
+
+impl Kernel {
+    /// Both kernels.
+    pub const ALL: [Kernel; 2] = [Kernel::ChunkIntra, Kernel::ChunkRecurrent];
+
+    /// The function's (and the source file's) name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::ChunkIntra => "chunk_intra",
+            Kernel::ChunkRecurrent => "chunk_recurrent",
+        }
+    }
+
+    fn text(self) -> &'static str {
+        match self {
+            Kernel::ChunkIntra => INTRA,
+            Kernel::ChunkRecurrent => RECURRENT,
+        }
+    }
+}
+
+/// The compile-time constants of one fused module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Config {
+    /// Key dimension K.
+    pub dk: usize,
+    /// Value dimension V.
+    pub dv: usize,
+    /// State columns per block of `chunk_recurrent` (16 or 32).
+    pub vt: usize,
+    /// The dtype q, k and v are read in.
+    pub dtype: DType,
+    /// Tensor cores (true) or the same tile products in plain f32 FMA (a cross-check).
+    pub mma: bool,
+}
+
+impl Config {
+    fn defines(&self) -> String {
+        let in_t = match self.dtype {
+            DType::F32 => 0,
+            DType::BF16 => 1,
+            DType::F16 => 2,
+        };
+        format!(
+            "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n",
+            self.dk,
+            self.dv,
+            self.vt,
+            in_t,
+            i32::from(self.mma)
+        )
+    }
+
+    fn in_bytes(&self) -> usize {
+        self.dtype.size()
+    }
+
+    /// Dynamic shared memory of `kernel`, in bytes (mirrors the carving in the `.cu` files).
+    pub fn shared_bytes(&self, kernel: Kernel) -> usize {
+        let sk = self.dk + if self.in_bytes() == 4 { 4 } else { 8 };
+        let sc = CHUNK + 4;
+        let qk = 2 * CHUNK * sk * self.in_bytes();
+        match kernel {
+            Kernel::ChunkIntra => (2 * CHUNK * sc + 3 * 256 + 7 * CHUNK) * 4 + qk,
+            Kernel::ChunkRecurrent => {
+                let sv = self.vt + 8;
+                (self.dk * sv + 2 * CHUNK * sv + 2 * CHUNK * sc + 4 * CHUNK) * 4 + qk
+            }
+        }
+    }
+}
+
+/// Compiles one fused kernel to PTX for `arch` (`sm_90`); needs libnvrtc only, no GPU.
+pub fn compile_ptx(kernel: Kernel, arch: &str, cfg: &Config) -> Result<String> {
+    compile(kernel, arch, cfg).map(|p| p.to_src())
+}
+
+fn compile(kernel: Kernel, arch: &str, cfg: &Config) -> Result<Ptx> {
+    if !nvrtc_available() {
+        return Err(Error::CudaUnavailable("libnvrtc cannot be loaded".into()));
+    }
+    let text = format!("{}{COMMON}\n{MMA}\n{}", cfg.defines(), kernel.text());
+    let opts = CompileOptions {
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".to_string(),
+            "--fmad=true".to_string(),
+            "--prec-div=true".to_string(),
+            "--prec-sqrt=true".to_string(),
+        ],
+        name: Some(format!("{}.cu", kernel.name())),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(text, opts).map_err(|e| {
+        let log = match e {
+            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                log.to_string_lossy().into_owned()
+            }
+            other => format!("{other:?}"),
+        };
+        Error::Compile {
+            kernel: kernel.name().to_string(),
+            arch: arch.to_string(),
+            log,
+        }
+    })
+}
+
+/// The configurations `deltanet kernels` and the compilation test build: K = V = 128 in every
+/// input dtype, the widest (256) and a narrow (64) one in f32 and bf16, both state tile widths.
+pub fn standard_configs() -> Vec<Config> {
+    let mut v = Vec::new();
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for vt in [16, 32] {
+            v.push(Config {
+                dk: 128,
+                dv: 128,
+                vt,
+                dtype,
+                mma: true,
+            });
+        }
+    }
+    for (dk, dv) in [(256, 256), (64, 64)] {
+        for dtype in [DType::F32, DType::BF16] {
+            v.push(Config {
+                dk,
+                dv,
+                vt: 32,
+                dtype,
+                mma: true,
+            });
+        }
+    }
+    v
+}
+
+/// Whether the fused path computes this problem (else the stage path does): chunk size 64,
+/// K and V multiples of 16 up to 256, and shared memory for both kernels on this GPU.
+pub fn supported(dev: &CudaDevice, p: &Problem, opts: &Options) -> bool {
+    if std::env::var("DELTANET_FUSED").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    let (dk, dv) = (p.dk(), p.dv());
+    if opts.chunk_size != CHUNK || dk % 16 != 0 || dv % 16 != 0 || dk > MAX_DIM || dv > MAX_DIM
+    {
+        return false;
+    }
+    let cfg = config(dev, p, DType::BF16);
+    let f32cfg = Config {
+        dtype: DType::F32,
+        ..cfg
+    };
+    Kernel::ALL
+        .iter()
+        .all(|&k| f32cfg.shared_bytes(k) <= dev.max_shared_per_block())
+}
+
+/// Workspace of [`forward`], in bytes: 132 f32 per token and value head.
+pub fn workspace_bytes(p: &Problem) -> usize {
+    p.tokens() * p.v_heads() * WS_PER_ROW * 4
+}
+
+fn config(dev: &CudaDevice, p: &Problem, dtype: DType) -> Config {
+    let dv = p.dv();
+    // Narrower tiles give the sequential pass more blocks when (sequences x heads) are few.
+    let mut vt = if dv % 32 == 0 { 32 } else { 16 };
+    if let Ok(s) = std::env::var("DELTANET_FUSED_VT") {
+        if (s == "16" || s == "32") && dv % s.parse::<usize>().unwrap_or(16) == 0 {
+            vt = s.parse().unwrap_or(vt);
+        }
+    } else if vt == 32 && p.num_seqs() * p.v_heads() * (dv / 32) < sm_count(dev) {
+        vt = 16;
+    }
+    Config {
+        dk: p.dk(),
+        dv,
+        vt,
+        dtype,
+        mma: std::env::var("DELTANET_FUSED_MMA").map_or(true, |v| v != "0"),
+    }
+}
+
+/// Device pointers of one fused forward (`0` for an absent optional one). Inputs in FLA's
+/// layouts; q, k, v in `dtype`, every other tensor f32; states K-major `[N, HV, K, V]`.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedIo {
+    /// Element type of q, k, v.
+    pub dtype: DType,
+    /// `[B, T, H, K]`.
+    pub q: u64,
+    /// `[B, T, H, K]`.
+    pub k: u64,
+    /// `[B, T, HV, V]`.
+    pub v: u64,
+    /// `[B, T, HV]` before activation.
+    pub g: u64,
+    /// `[B, T, HV]` before activation.
+    pub beta: u64,
+    /// `[HV]` with `gate_in_kernel`.
+    pub a_log: u64,
+    /// `[HV]` with `gate_in_kernel`.
+    pub dt_bias: u64,
+    /// `[N, HV, K, V]` or 0 (zeros).
+    pub h0: u64,
+    /// `[B, T, HV, V]` f32, written.
+    pub o: u64,
+    /// `[N, HV, K, V]` or 0, written.
+    pub final_state: u64,
+    /// `[chunks, HV, K, V]` or 0, written.
+    pub chunk_states: u64,
+    /// [`workspace_bytes`] bytes.
+    pub workspace: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct IntraParams {
+    q: u64,
+    k: u64,
+    g: u64,
+    beta: u64,
+    a_log: u64,
+    dt_bias: u64,
+    a_inv: u64,
+    p: u64,
+    scal: u64,
+    chunk_start: u64,
+    chunk_len: u64,
+    chunks: i64,
+    h: i64,
+    hv: i64,
+    scale: f32,
+    beta_mult: f32,
+    reset: f32,
+    tiled: i32,
+    l2norm: i32,
+    gate_in_kernel: i32,
+    beta_is_logits: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct RecParams {
+    q: u64,
+    k: u64,
+    v: u64,
+    a_inv: u64,
+    p: u64,
+    scal: u64,
+    h0: u64,
+    o: u64,
+    final_state: u64,
+    chunk_states: u64,
+    chunk_start: u64,
+    chunk_len: u64,
+    seq_first_chunk: u64,
+    seqs: i64,
+    h: i64,
+    hv: i64,
+    tiled: i32,
+}
+
+// SAFETY: plain #[repr(C)] data mirrored field by field in the .cu files, passed by value.
+unsafe impl DeviceRepr for IntraParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for RecParams {}
+
+type FnKey = (usize, &'static str, String, Config);
+
+/// The loaded function for `kernel` in this device's context, compiled on first use. The cache
+/// holds the module (and so the context) alive, so a context's address identifies it.
+fn function(dev: &CudaDevice, kernel: Kernel, cfg: &Config) -> Result<CudaFunction> {
+    static CACHE: OnceLock<Mutex<HashMap<FnKey, CudaFunction>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let ctx = dev.stream().context();
+    let key = (
+        Arc::as_ptr(ctx) as usize,
+        kernel.name(),
+        dev.arch().to_string(),
+        *cfg,
+    );
+    if let Some(f) = lock(cache)?.get(&key) {
+        return Ok(f.clone());
+    }
+    let ptx = compile(kernel, dev.arch(), cfg)?;
+    let module = ctx
+        .load_module(ptx)
+        .map_err(cuda_err(format!("loading module {}", kernel.name())))?;
+    let f = module
+        .load_function(kernel.name())
+        .map_err(cuda_err(format!("loading function {}", kernel.name())))?;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        i32::try_from(dev.max_shared_per_block()).unwrap_or(i32::MAX),
+    )
+    .map_err(cuda_err(format!("setting {}'s shared memory", kernel.name())))?;
+    lock(cache)?.insert(key, f.clone());
+    Ok(f)
+}
+
+fn grid(items: usize, shared: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (items.clamp(1, super::MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: shared as u32,
+    }
+}
+
+/// The fused forward over device pointers, queued on the device's stream: allocates nothing
+/// but the problem's chunk tables (cached per problem), never synchronises. The caller checks
+/// [`supported`] and that every pointer holds its tensor.
+pub fn forward(dev: &CudaDevice, p: &Problem, opts: &Options, io: &FusedIo) -> Result<()> {
+    if !supported(dev, p, opts) {
+        return Err(Error::invalid(
+            "options",
+            "a problem the fused path supports (chunk size 64, K and V multiples of 16 up to 256)",
+            format!("chunk size {}, K = {}, V = {}", opts.chunk_size, p.dk(), p.dv()),
+        ));
+    }
+    let cfg = config(dev, p, io.dtype);
+    let hv = p.v_heads();
+    let tokens = p.tokens();
+    let chunks = p.chunks().len();
+    if p.num_seqs() == 0 {
+        return Ok(());
+    }
+    let t = dev.tables(p)?;
+    let stream = dev.stream();
+    let ptr = |s: &cudarc::driver::CudaSlice<i64>| s.device_ptr(stream).0;
+    let rows = (tokens * hv) as u64;
+    let a_inv = io.workspace;
+    let pbuf = a_inv + rows * (CHUNK as u64) * 4;
+    let scal = pbuf + rows * (CHUNK as u64) * 4;
+    if chunks > 0 {
+        let ip = IntraParams {
+            q: io.q,
+            k: io.k,
+            g: io.g,
+            beta: io.beta,
+            a_log: io.a_log,
+            dt_bias: io.dt_bias,
+            a_inv,
+            p: pbuf,
+            scal,
+            chunk_start: ptr(&t.chunk_start),
+            chunk_len: ptr(&t.chunk_len),
+            chunks: chunks as i64,
+            h: p.heads() as i64,
+            hv: hv as i64,
+            scale: opts.scale_for(p.dk()),
+            beta_mult: if opts.allow_neg_eigval { 2.0 } else { 1.0 },
+            reset: RESET_LOG_DECAY,
+            tiled: super::tiled(p),
+            l2norm: i32::from(opts.use_qk_l2norm),
+            gate_in_kernel: i32::from(opts.gate_in_kernel),
+            beta_is_logits: i32::from(opts.beta_is_logits),
+        };
+        let f = function(dev, Kernel::ChunkIntra, &cfg)?;
+        let shared = cfg.shared_bytes(Kernel::ChunkIntra);
+        // SAFETY: one by-value argument mirrored in chunk_intra.cu; every pointer holds its
+        // tensor (the caller's contract); the shared memory is what the kernel carves.
+        unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(&ip)
+                .launch(grid(chunks * hv, shared))
+        }
+        .map_err(cuda_err("launching chunk_intra"))?;
+    }
+    let rp = RecParams {
+        q: io.q,
+        k: io.k,
+        v: io.v,
+        a_inv,
+        p: pbuf,
+        scal,
+        h0: io.h0,
+        o: io.o,
+        final_state: io.final_state,
+        chunk_states: io.chunk_states,
+        chunk_start: ptr(&t.chunk_start),
+        chunk_len: ptr(&t.chunk_len),
+        seq_first_chunk: ptr(&t.seq_first_chunk),
+        seqs: p.num_seqs() as i64,
+        h: p.heads() as i64,
+        hv: hv as i64,
+        tiled: super::tiled(p),
+    };
+    let f = function(dev, Kernel::ChunkRecurrent, &cfg)?;
+    let shared = cfg.shared_bytes(Kernel::ChunkRecurrent);
+    let items = p.num_seqs() * hv * (p.dv() / cfg.vt);
+    // SAFETY: as for chunk_intra.
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(&rp)
+            .launch(grid(items, shared))
+    }
+    .map_err(cuda_err("launching chunk_recurrent"))?;
+    Ok(())
+}
+
+/// [`forward`] on f32 device buffers (the [`crate::Backend`] path), allocating the outputs and
+/// the workspace.
+pub(crate) fn forward_bufs(
+    dev: &CudaDevice,
+    p: &Problem,
+    opts: &Options,
+    x: &StageInputs<Buf>,
+) -> Result<ForwardOut<Buf>> {
+    let (hv, dk, dv) = (p.v_heads(), p.dk(), p.dv());
+    let n = p.tokens();
+    dev.check("q", &x.q, n * p.heads() * dk)?;
+    dev.check("k", &x.k, n * p.heads() * dk)?;
+    dev.check("v", &x.v, n * hv * dv)?;
+    dev.check("g", &x.g, n * hv)?;
+    dev.check("beta", &x.beta, n * hv)?;
+    if let Some(h0) = &x.h0 {
+        dev.check("initial_state", h0, p.num_seqs() * hv * dk * dv)?;
+    }
+    if opts.gate_in_kernel {
+        let (Some(a), Some(d)) = (&x.a_log, &x.dt_bias) else {
+            return Err(Error::invalid(
+                "a_log",
+                "A_log and dt_bias with gate_in_kernel",
+                "none",
+            ));
+        };
+        dev.check("a_log", a, hv)?;
+        dev.check("dt_bias", d, hv)?;
+    }
+    let o = dev.uninit(n * hv * dv, "o")?;
+    let final_state = dev.uninit(p.num_seqs() * hv * dk * dv, "final_state")?;
+    let h = if opts.output_chunk_states {
+        Some(dev.uninit(p.chunks().len() * hv * dk * dv, "h")?)
+    } else {
+        None
+    };
+    let ws = dev.uninit(workspace_bytes(p) / 4, "the fused workspace")?;
+    let stream = dev.stream();
+    let ptr = |b: &Buf| if b.is_empty() { 0 } else { b.device_ptr(stream).0 };
+    let opt = |b: &Option<Buf>| b.as_ref().map_or(0, ptr);
+    let io = FusedIo {
+        dtype: DType::F32,
+        q: ptr(&x.q),
+        k: ptr(&x.k),
+        v: ptr(&x.v),
+        g: ptr(&x.g),
+        beta: ptr(&x.beta),
+        a_log: opt(&x.a_log),
+        dt_bias: opt(&x.dt_bias),
+        h0: opt(&x.h0),
+        o: ptr(&o),
+        final_state: ptr(&final_state),
+        chunk_states: opt(&h),
+        workspace: ptr(&ws),
+    };
+    forward(dev, p, opts, &io)?;
+    Ok(ForwardOut { o, h, final_state })
+}
+
+/// Multiprocessor count attribute (for the tile-width choice).
+pub(crate) fn sm_count(dev: &CudaDevice) -> usize {
+    dev.stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_or(132, |n| usize::try_from(n).unwrap_or(132))
+}

@@ -1,0 +1,184 @@
+// chunk_recurrent: the sequential pass over each sequence's chunks with the state on chip, one
+// block of 256 threads per (sequence, value head, VT state columns). Equals chunk_state +
+// chunk_output (and recompute_w_u, through the factored form below): per chunk, h the state
+// tile entering it (K x VT, f32, in shared memory for the whole sequence),
+//   R     = v - diag(d rk) (K h)              (= u - w h before the solve)
+//   v_new = a_inv R                           (a_inv = A_inv diag(beta), from chunk_intra)
+//   o     = diag(scale rq d) (Q h) + p v_new  (p: the masked, decayed, scaled q k^T block)
+//   h     = d_last h + K^T diag(rk D_last) v_new
+// with K, Q the raw key and query rows (bf16/f16/f32 as given) and the row scalings from
+// chunk_intra's scal. Column c of the state needs only column c of v_new, so V-tiles are
+// independent blocks. h and v_new never leave the chip (h is written per chunk only when chunk
+// states are asked for). Every product is a warp_mma on the tensor cores: inputs x state two
+// passes (three for f32 inputs), f32 x f32 three.
+#define THREADS 256
+#define C 64
+#define SK STRIDE_A(DK, sizeof(in_t))
+#define SC STRIDE_A(C, 4)
+#define SV STRIDE_B(VT)
+#define NT (VT / 16)  // 16 x 8 tiles per warp of a [64][VT] product
+
+struct RecParams {
+    u64 q, k, v, a_inv, p, scal;   // inputs (q, k, v in in_t; the rest f32 from chunk_intra)
+    u64 h0;                        // [N, HV, K, V] f32, or 0
+    u64 o;                         // [tokens, HV, V] f32
+    u64 final_state;               // [N, HV, K, V] f32, or 0
+    u64 chunk_states;              // [chunks, HV, K, V] f32, or 0
+    u64 chunk_start, chunk_len, seq_first_chunk;  // i64
+    i64 seqs, h, hv;
+    int tiled;
+};
+
+extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecParams P) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float* Hs = (float*)smem_raw;          // [DK][SV] the state tile
+    float* Vs = Hs + DK * SV;              // [C][SV] v, then R
+    float* Ns = Vs + C * SV;               // [C][SV] v_new
+    float* Xs = Ns + C * SV;               // [C][SC] a_inv
+    float* Ps = Xs + C * SC;               // [C][SC] p
+    float4* sc = (float4*)(Ps + C * SC);   // [C] row scalings
+    in_t* Ks = (in_t*)(sc + C);            // [C][SK]
+    in_t* Qs = Ks + C * SK;                // [C][SK]
+
+    const in_t* __restrict__ q = (const in_t*)P.q;
+    const in_t* __restrict__ k = (const in_t*)P.k;
+    const in_t* __restrict__ v = (const in_t*)P.v;
+    const float* __restrict__ a_inv = (const float*)P.a_inv;
+    const float* __restrict__ pin = (const float*)P.p;
+    const float4* __restrict__ scal = (const float4*)P.scal;
+    const float* __restrict__ h0 = (const float*)P.h0;
+    float* __restrict__ o = (float*)P.o;
+    float* __restrict__ fin = (float*)P.final_state;
+    float* __restrict__ hst = (float*)P.chunk_states;
+    const i64* __restrict__ chunk_start = (const i64*)P.chunk_start;
+    const i64* __restrict__ chunk_len = (const i64*)P.chunk_len;
+    const i64* __restrict__ seq_first_chunk = (const i64*)P.seq_first_chunk;
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const i64 hv = P.hv, tiles = DV / VT, kv = (i64)DK * DV;
+    // This warp's part of the [64][VT] products: rows rb .. rb + 15, columns cb .. cb + 8 NT - 1.
+    const int rb = (warp & 3) * 16, cb = (warp >> 2) * (8 * NT);
+
+    BLOCK_LOOP(item, P.seqs * hv * tiles) {
+        const i64 tile = item % tiles, rest = item / tiles;
+        const i64 j = rest % hv, n = rest / hv;
+        const i64 kh = qk_head(j, P.h, hv, P.tiled);
+        const i64 c0 = tile * VT;
+        __syncthreads();
+        for (int e = tid; e < DK * VT; e += THREADS) {
+            const int r = e / VT, cc = e % VT;
+            Hs[r * SV + cc] = h0 ? h0[(n * hv + j) * kv + (i64)r * DV + c0 + cc] : 0.0f;
+        }
+        for (i64 ci = seq_first_chunk[n]; ci < seq_first_chunk[n + 1]; ++ci) {
+            const i64 start = chunk_start[ci];
+            const int len = (int)chunk_len[ci];
+            // Stage the chunk: rows past len are zero.
+            for (int e = tid; e < C * DK; e += THREADS) {
+                const int i = e / DK, d = e % DK;
+                in_t kx = 0, qx = 0;
+                if (i < len) {
+                    const i64 at = ((start + i) * P.h + kh) * DK + d;
+                    kx = k[at];
+                    qx = q[at];
+                }
+                Ks[i * SK + d] = kx;
+                Qs[i * SK + d] = qx;
+            }
+            for (int e = tid; e < C * C; e += THREADS) {
+                const int i = e / C, l = e % C;
+                const i64 at = ((start + i) * hv + j) * C + l;
+                Xs[i * SC + l] = i < len ? a_inv[at] : 0.0f;
+                Ps[i * SC + l] = i < len ? pin[at] : 0.0f;
+            }
+            for (int e = tid; e < C * VT; e += THREADS) {
+                const int i = e / VT, cc = e % VT;
+                Vs[i * SV + cc] = i < len ? to_f(v[((start + i) * hv + j) * DV + c0 + cc]) : 0.0f;
+            }
+            if (tid < C) sc[tid] = tid < len ? scal[(start + tid) * hv + j] : make_float4(0.f, 0.f, 0.f, 0.f);
+            __syncthreads();
+            if (hst)
+                for (int e = tid; e < DK * VT; e += THREADS) {
+                    const int r = e / VT, cc = e % VT;
+                    hst[(ci * hv + j) * kv + (i64)r * DV + c0 + cc] = Hs[r * SV + cc];
+                }
+            // K h and Q h; R = v - diag(d rk) K h in place of v; Q h scaled stays in registers
+            // as the start of o.
+            float kh_[NT][4], oacc[NT][4];
+#pragma unroll
+            for (int a = 0; a < NT; ++a)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) kh_[a][e] = oacc[a][e] = 0.0f;
+            {
+                auto hb = [&](int kk, int nn) { return Hs[kk * SV + cb + nn]; };
+                warp_mma<SPLIT_IN, 1, NT, DK>(
+                    kh_, [&](int m, int kk) { return to_f(Ks[(rb + m) * SK + kk]); }, hb);
+                warp_mma<SPLIT_IN, 1, NT, DK>(
+                    oacc, [&](int m, int kk) { return to_f(Qs[(rb + m) * SK + kk]); }, hb);
+            }
+#pragma unroll
+            for (int a = 0; a < NT; ++a)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = rb + frag_row(e), cc = cb + 8 * a + frag_col(e);
+                    const float4 s = sc[r];
+                    Vs[r * SV + cc] = fmaf(-s.x, kh_[a][e], Vs[r * SV + cc]);
+                    oacc[a][e] *= s.y;
+                }
+            __syncthreads();
+            // v_new = a_inv R.
+            {
+                float vn[NT][4];
+#pragma unroll
+                for (int a = 0; a < NT; ++a)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) vn[a][e] = 0.0f;
+                warp_mma<1, 1, NT, C>(
+                    vn, [&](int m, int kk) { return Xs[(rb + m) * SC + kk]; },
+                    [&](int kk, int nn) { return Vs[kk * SV + cb + nn]; });
+#pragma unroll
+                for (int a = 0; a < NT; ++a)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        Ns[(rb + frag_row(e)) * SV + cb + 8 * a + frag_col(e)] = vn[a][e];
+            }
+            __syncthreads();
+            // o = diag(scale rq d) Q h + p v_new.
+            warp_mma<1, 1, NT, C>(
+                oacc, [&](int m, int kk) { return Ps[(rb + m) * SC + kk]; },
+                [&](int kk, int nn) { return Ns[kk * SV + cb + nn]; });
+#pragma unroll
+            for (int a = 0; a < NT; ++a)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = rb + frag_row(e), cc = cb + 8 * a + frag_col(e);
+                    if (r < len) o[((start + r) * hv + j) * DV + c0 + cc] = oacc[a][e];
+                }
+            // h = d_last h + K^T diag(rk D_last) v_new: warp w owns state rows 16 w, 16 (w + 8), ..
+            {
+                const float d_last = sc[len - 1].w;
+                for (int hb0 = warp * 16; hb0 < DK; hb0 += 16 * (THREADS / 32)) {
+                    float acc[VT / 8][4];
+#pragma unroll
+                    for (int a = 0; a < VT / 8; ++a)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc[a][e] = 0.0f;
+                    warp_mma<SPLIT_IN, 1, VT / 8, C>(
+                        acc, [&](int m, int kk) { return to_f(Ks[kk * SK + hb0 + m]); },
+                        [&](int kk, int nn) { return sc[kk].z * Ns[kk * SV + nn]; });
+#pragma unroll
+                    for (int a = 0; a < VT / 8; ++a)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            float* hp = &Hs[(hb0 + frag_row(e)) * SV + 8 * a + frag_col(e)];
+                            *hp = fmaf(d_last, *hp, acc[a][e]);
+                        }
+                }
+            }
+            __syncthreads();
+        }
+        if (fin)
+            for (int e = tid; e < DK * VT; e += THREADS) {
+                const int r = e / VT, cc = e % VT;
+                fin[(n * hv + j) * kv + (i64)r * DV + c0 + cc] = Hs[r * SV + cc];
+            }
+    }
+}
