@@ -121,6 +121,10 @@ pub fn forward(device: &Device, x: &Inputs<'_>, opts: &Options) -> Result<Output
             let f = cpu::fused::fused(&p, x, opts)?;
             host_output(&p, x, opts, f.o, Some(f.final_state), f.h)
         }
+        // Inputs in their own dtype and the two fused kernels where they apply.
+        Device::Cuda(d) if cuda::fused::supported(d, &p, opts) => {
+            cuda::fused::host_forward(d, x, opts)
+        }
         Device::Cuda(d) => host_forward(d.as_ref(), &p, x, opts),
     }
 }

@@ -208,3 +208,49 @@ fn fused_equals_stages_and_oracle_on_every_option_or_skip_without_gpu() {
     );
     assert!(fused_runs > cases / 2, "too few cases took the fused path");
 }
+
+/// Device time of the fused forward with inputs resident in their own dtype (what `bench`
+/// cannot show: its inputs are f32 on the device). Shapes from DELTANET_FUSED_TIME
+/// ("B,T,H,HV,K,V;..."), bf16 inputs, 2 warm-up and 20 timed runs, medians printed.
+#[test]
+#[ignore = "timing; run with --ignored on a GPU"]
+fn fused_time_resident_bf16() {
+    let dev = match CudaDevice::new(0) {
+        Ok(d) => Arc::new(d),
+        Err(e) => {
+            eprintln!("SKIPPED: no usable GPU ({e})");
+            return;
+        }
+    };
+    let shapes = std::env::var("DELTANET_FUSED_TIME").unwrap_or("1,32768,16,32,128,128".into());
+    for s in shapes.split(';') {
+        let d: Vec<usize> = s.split(',').map(|x| x.trim().parse().unwrap()).collect();
+        let mut rng = Rng::new(1);
+        let x = deltanet::selftest::layer_inputs(
+            &mut rng,
+            [d[0], d[1], d[2], d[3], d[4], d[5]],
+            DType::BF16,
+            false,
+        )
+        .unwrap();
+        let opts = Options {
+            output_final_state: true,
+            ..Options::default()
+        };
+        let mut r = fused::Resident::new(dev.clone(), &x, &opts).unwrap();
+        for _ in 0..2 {
+            r.run().unwrap();
+        }
+        let mut t: Vec<f64> = (0..20).map(|_| r.time_ms().unwrap()).collect();
+        t.sort_by(f64::total_cmp);
+        let (o, _, _) = r.outputs().unwrap();
+        assert!(o.iter().all(|a| a.is_finite()));
+        println!(
+            "fused resident bf16 {s}: median {:.3} ms (min {:.3}, max {:.3}) on {}",
+            t[t.len() / 2],
+            t[0],
+            t[t.len() - 1],
+            dev.name()
+        );
+    }
+}

@@ -85,6 +85,9 @@ pub struct Config {
     pub dtype: DType,
     /// Tensor cores (true) or the same tile products in plain f32 FMA (a cross-check).
     pub mma: bool,
+    /// Stage buffers of `chunk_recurrent`: 2 overlaps the next chunk's loads with this one's
+    /// products, where shared memory allows.
+    pub nbuf: usize,
 }
 
 impl Config {
@@ -95,12 +98,14 @@ impl Config {
             DType::F16 => 2,
         };
         format!(
-            "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n",
+            "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
+             #define NBUF {}\n",
             self.dk,
             self.dv,
             self.vt,
             in_t,
-            i32::from(self.mma)
+            i32::from(self.mma),
+            self.nbuf
         )
     }
 
@@ -117,7 +122,8 @@ impl Config {
             Kernel::ChunkIntra => (2 * CHUNK * sc + 3 * 256 + 7 * CHUNK) * 4 + qk,
             Kernel::ChunkRecurrent => {
                 let sv = self.vt + 8;
-                (self.dk * sv + 2 * CHUNK * sv + 2 * CHUNK * sc + 4 * CHUNK) * 4 + qk
+                let stage = qk + 2 * CHUNK * sc * 4 + CHUNK * sv * self.in_bytes() + CHUNK * 16;
+                (self.dk * sv + 2 * CHUNK * sv) * 4 + self.nbuf * stage
             }
         }
     }
@@ -171,6 +177,7 @@ pub fn standard_configs() -> Vec<Config> {
                 vt,
                 dtype,
                 mma: true,
+                nbuf: if dtype == DType::F32 { 1 } else { 2 },
             });
         }
     }
@@ -182,6 +189,7 @@ pub fn standard_configs() -> Vec<Config> {
                 vt: 32,
                 dtype,
                 mma: true,
+                nbuf: 1,
             });
         }
     }
@@ -202,6 +210,7 @@ pub fn supported(dev: &CudaDevice, p: &Problem, opts: &Options) -> bool {
     let cfg = config(dev, p, DType::BF16);
     let f32cfg = Config {
         dtype: DType::F32,
+        nbuf: 1,
         ..cfg
     };
     Kernel::ALL
@@ -225,13 +234,18 @@ fn config(dev: &CudaDevice, p: &Problem, dtype: DType) -> Config {
     } else if vt == 32 && p.num_seqs() * p.v_heads() * (dv / 32) < sm_count(dev) {
         vt = 16;
     }
-    Config {
+    let mut cfg = Config {
         dk: p.dk(),
         dv,
         vt,
         dtype,
         mma: std::env::var("DELTANET_FUSED_MMA").map_or(true, |v| v != "0"),
+        nbuf: 2,
+    };
+    if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
+        cfg.nbuf = 1;
     }
+    cfg
 }
 
 /// Device pointers of one fused forward (`0` for an absent optional one). Inputs in FLA's
@@ -370,6 +384,16 @@ pub fn forward(dev: &CudaDevice, p: &Problem, opts: &Options, io: &FusedIo) -> R
             "a problem the fused path supports (chunk size 64, K and V multiples of 16 up to 256)",
             format!("chunk size {}, K = {}, V = {}", opts.chunk_size, p.dk(), p.dv()),
         ));
+    }
+    // The kernels stage rows with 16-byte copies.
+    for (arg, ptr) in [("q", io.q), ("k", io.k), ("v", io.v), ("workspace", io.workspace)] {
+        if ptr % 16 != 0 {
+            return Err(Error::invalid(
+                arg,
+                "a device pointer aligned to 16 bytes",
+                format!("{ptr:#x}"),
+            ));
+        }
     }
     let cfg = config(dev, p, io.dtype);
     let hv = p.v_heads();
@@ -519,4 +543,174 @@ pub(crate) fn sm_count(dev: &CudaDevice) -> usize {
         .context()
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_or(132, |n| usize::try_from(n).unwrap_or(132))
+}
+
+/// A forward's inputs resident on the GPU in their own dtype (q, k, v as 16-bit where given so:
+/// no widening pass), with its outputs and workspace: what an engine holds between calls.
+/// [`Resident::run`] queues the fused forward only.
+pub struct Resident {
+    dev: Arc<CudaDevice>,
+    p: Problem,
+    opts: Options,
+    dtype: DType,
+    inputs: Vec<cudarc::driver::CudaSlice<u8>>,
+    o: Buf,
+    final_state: Buf,
+    h: Option<Buf>,
+    ws: cudarc::driver::CudaSlice<u8>,
+}
+
+impl Resident {
+    /// Validates `x`, uploads it (states K-major) and allocates the outputs; `Err` when the
+    /// problem is not [`supported`].
+    pub fn new(dev: Arc<CudaDevice>, x: &crate::Inputs<'_>, opts: &Options) -> Result<Self> {
+        let p = Problem::from_inputs(x, opts)?;
+        if !supported(&dev, &p, opts) {
+            return Err(Error::invalid(
+                "options",
+                "a problem the fused path supports (chunk size 64, K and V multiples of 16 up to 256)",
+                format!("chunk size {}, K = {}, V = {}", opts.chunk_size, p.dk(), p.dv()),
+            ));
+        }
+        let stream = dev.stream().clone();
+        let up = |bytes: &[u8], what: &str| -> Result<cudarc::driver::CudaSlice<u8>> {
+            if bytes.is_empty() {
+                return dev.zeros(0, what);
+            }
+            stream
+                .clone_htod(bytes)
+                .map_err(cuda_err(format!("uploading {what}")))
+        };
+        let raw = |t: &crate::Tensor<'_>, what: &str| -> Result<cudarc::driver::CudaSlice<u8>> {
+            match t.data() {
+                crate::Data::F32(d) => up(bytemuck::cast_slice(d), what),
+                crate::Data::BF16(d) => up(bytemuck::cast_slice(d), what),
+                crate::Data::F16(d) => up(bytemuck::cast_slice(d), what),
+            }
+        };
+        let f32s = |t: &crate::Tensor<'_>, what: &str| up(bytemuck::cast_slice(&t.to_f32()), what);
+        let dtype = x.q.dtype();
+        if x.k.dtype() != dtype || x.v.dtype() != dtype {
+            return Err(Error::invalid(
+                "k",
+                format!("q, k and v of one dtype ({dtype})"),
+                format!("k {}, v {}", x.k.dtype(), x.v.dtype()),
+            ));
+        }
+        let mut inputs = vec![
+            raw(&x.q, "q")?,
+            raw(&x.k, "k")?,
+            raw(&x.v, "v")?,
+            f32s(&x.g, "g")?,
+            f32s(&x.beta, "beta")?,
+        ];
+        let absent = dev.zeros::<u8>(0, "nothing")?;
+        inputs.push(match &x.a_log {
+            Some(t) => f32s(t, "A_log")?,
+            None => absent.clone(),
+        });
+        inputs.push(match &x.dt_bias {
+            Some(t) => f32s(t, "dt_bias")?,
+            None => absent.clone(),
+        });
+        inputs.push(match &x.initial_state {
+            Some(s) if opts.state_v_first => up(
+                bytemuck::cast_slice(&crate::transpose_states(
+                    &s.to_f32(),
+                    p.dk(),
+                    p.dv(),
+                    false,
+                )),
+                "initial_state",
+            )?,
+            Some(s) => f32s(s, "initial_state")?,
+            None => absent,
+        });
+        let (hv, kv) = (p.v_heads(), p.dk() * p.dv());
+        let o = dev.uninit(p.tokens() * hv * p.dv(), "o")?;
+        let final_state = dev.uninit(p.num_seqs() * hv * kv, "final_state")?;
+        let h = if opts.output_chunk_states {
+            Some(dev.uninit(p.chunks().len() * hv * kv, "h")?)
+        } else {
+            None
+        };
+        let ws = dev.zeros::<u8>(workspace_bytes(&p), "the fused workspace")?;
+        Ok(Resident {
+            dev,
+            p,
+            opts: opts.clone(),
+            dtype,
+            inputs,
+            o,
+            final_state,
+            h,
+            ws,
+        })
+    }
+
+    /// Queues the fused forward on the device's stream.
+    pub fn run(&mut self) -> Result<()> {
+        let stream = self.dev.stream();
+        let ptr8 = |b: &cudarc::driver::CudaSlice<u8>| {
+            if b.is_empty() {
+                0
+            } else {
+                b.device_ptr(stream).0
+            }
+        };
+        let ptr = |b: &Buf| if b.is_empty() { 0 } else { b.device_ptr(stream).0 };
+        let i = &self.inputs;
+        let io = FusedIo {
+            dtype: self.dtype,
+            q: ptr8(&i[0]),
+            k: ptr8(&i[1]),
+            v: ptr8(&i[2]),
+            g: ptr8(&i[3]),
+            beta: ptr8(&i[4]),
+            a_log: ptr8(&i[5]),
+            dt_bias: ptr8(&i[6]),
+            h0: ptr8(&i[7]),
+            o: ptr(&self.o),
+            final_state: ptr(&self.final_state),
+            chunk_states: self.h.as_ref().map_or(0, ptr),
+            workspace: ptr8(&self.ws),
+        };
+        forward(&self.dev, &self.p, &self.opts, &io)
+    }
+
+    /// Milliseconds of device time of one [`Resident::run`] (events on the stream).
+    pub fn time_ms(&mut self) -> Result<f64> {
+        use crate::HostIo;
+        let dev = self.dev.clone();
+        dev.time_ms(&mut || self.run())
+    }
+
+    /// The results of the last run, on the host (waits for it): `o` f32, the final state
+    /// K-major, the chunk states if asked for.
+    pub fn outputs(&self) -> Result<(Vec<f32>, Vec<f32>, Option<Vec<f32>>)> {
+        use crate::HostIo;
+        Ok((
+            self.dev.download(&self.o)?,
+            self.dev.download(&self.final_state)?,
+            self.h.as_ref().map(|h| self.dev.download(h)).transpose()?,
+        ))
+    }
+
+    /// The validated problem.
+    pub fn problem(&self) -> &Problem {
+        &self.p
+    }
+}
+
+/// `crate::forward` on a GPU where [`supported`]: inputs uploaded in their own dtype, the fused
+/// forward, results shaped as the options ask.
+pub(crate) fn host_forward(
+    dev: &Arc<CudaDevice>,
+    x: &crate::Inputs<'_>,
+    opts: &Options,
+) -> Result<crate::Output> {
+    let mut r = Resident::new(dev.clone(), x, opts)?;
+    r.run()?;
+    let (o, fs, h) = r.outputs()?;
+    crate::host::host_output(&r.p, x, opts, o, Some(fs), h)
 }

@@ -80,17 +80,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
             As[e] = 0.0f;
             Xs[e] = 0.0f;
         }
-        for (int e = tid; e < C * DK; e += THREADS) {
-            const int i = e / DK, d = e % DK;
-            in_t kv = 0, qv = 0;
-            if (i < len) {
-                const i64 at = ((start + i) * P.h + kh) * DK + d;
-                kv = k[at];
-                qv = q[at];
-            }
-            Ks[i * SK + d] = kv;
-            Qs[i * SK + d] = qv;
-        }
+        stage_rows<in_t, DK>(Ks, SK, k + (start * P.h + kh) * DK, P.h * DK, len);
+        stage_rows<in_t, DK>(Qs, SK, q + (start * P.h + kh) * DK, P.h * DK, len);
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();
         // 2. gamma = cumsum(g), restarted after a hard reset; lo its TwoSum error (as cumsum.cu).
         if (tid == 0) {

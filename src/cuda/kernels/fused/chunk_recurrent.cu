@@ -11,6 +11,8 @@
 // independent blocks. h and v_new never leave the chip (h is written per chunk only when chunk
 // states are asked for). Every product is a warp_mma on the tensor cores: inputs x state two
 // passes (three for f32 inputs), f32 x f32 three.
+// A chunk's rows reach shared memory by cp.async; with NBUF = 2 (when shared memory allows) the
+// next chunk's rows are in flight while this one is computed.
 #define THREADS 256
 #define C 64
 #define SK STRIDE_A(DK, sizeof(in_t))
@@ -29,16 +31,36 @@ struct RecParams {
     int tiled;
 };
 
+#define SVR STRIDE_B(VT)  // raw v rows, in_t
+// One chunk's staged rows.
+struct Stage {
+    in_t* K;      // [C][SK]
+    in_t* Q;      // [C][SK]
+    float* X;     // [C][SC] a_inv
+    float* Pm;    // [C][SC] p
+    in_t* Vr;     // [C][SVR] v, raw
+    float4* sc;   // [C] row scalings
+};
+__device__ __forceinline__ size_t stage_bytes() {
+    return (size_t)2 * C * SK * sizeof(in_t) + (size_t)2 * C * SC * 4 + (size_t)C * SVR * sizeof(in_t) + C * 16;
+}
+__device__ __forceinline__ Stage stage_at(unsigned char* base) {
+    Stage s;
+    s.sc = (float4*)base;
+    s.X = (float*)(s.sc + C);
+    s.Pm = s.X + C * SC;
+    s.K = (in_t*)(s.Pm + C * SC);
+    s.Q = s.K + C * SK;
+    s.Vr = s.Q + C * SK;
+    return s;
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecParams P) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     float* Hs = (float*)smem_raw;          // [DK][SV] the state tile
-    float* Vs = Hs + DK * SV;              // [C][SV] v, then R
+    float* Vs = Hs + DK * SV;              // [C][SV] R = v - diag(d rk) K h
     float* Ns = Vs + C * SV;               // [C][SV] v_new
-    float* Xs = Ns + C * SV;               // [C][SC] a_inv
-    float* Ps = Xs + C * SC;               // [C][SC] p
-    float4* sc = (float4*)(Ps + C * SC);   // [C] row scalings
-    in_t* Ks = (in_t*)(sc + C);            // [C][SK]
-    in_t* Qs = Ks + C * SK;                // [C][SK]
+    unsigned char* stages = (unsigned char*)(Ns + C * SV);
 
     const in_t* __restrict__ q = (const in_t*)P.q;
     const in_t* __restrict__ k = (const in_t*)P.k;
@@ -63,37 +85,47 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
         const i64 j = rest % hv, n = rest / hv;
         const i64 kh = qk_head(j, P.h, hv, P.tiled);
         const i64 c0 = tile * VT;
+        // Queues chunk ci's rows into stage buffer b (rows past the chunk's end are zero).
+        auto issue = [&](i64 ci, int b) {
+            const Stage st = stage_at(stages + b * stage_bytes());
+            const i64 start = chunk_start[ci];
+            const int len = (int)chunk_len[ci];
+            stage_rows<in_t, DK>(st.K, SK, k + (start * P.h + kh) * DK, P.h * DK, len);
+            stage_rows<in_t, DK>(st.Q, SK, q + (start * P.h + kh) * DK, P.h * DK, len);
+            stage_rows<float, C>(st.X, SC, a_inv + (start * hv + j) * C, hv * C, len);
+            stage_rows<float, C>(st.Pm, SC, pin + (start * hv + j) * C, hv * C, len);
+            stage_rows<in_t, VT>(st.Vr, SVR, v + (start * hv + j) * DV + c0, hv * DV, len);
+            stage_rows<float, 4>((float*)st.sc, 4, (const float*)(scal + start * hv + j), hv * 4, len);
+            cp_async_commit();
+        };
         __syncthreads();
         for (int e = tid; e < DK * VT; e += THREADS) {
             const int r = e / VT, cc = e % VT;
             Hs[r * SV + cc] = h0 ? h0[(n * hv + j) * kv + (i64)r * DV + c0 + cc] : 0.0f;
         }
-        for (i64 ci = seq_first_chunk[n]; ci < seq_first_chunk[n + 1]; ++ci) {
+        const i64 c_first = seq_first_chunk[n], c_end = seq_first_chunk[n + 1];
+        if (c_first < c_end) issue(c_first, 0);
+        for (i64 ci = c_first; ci < c_end; ++ci) {
             const i64 start = chunk_start[ci];
             const int len = (int)chunk_len[ci];
-            // Stage the chunk: rows past len are zero.
-            for (int e = tid; e < C * DK; e += THREADS) {
-                const int i = e / DK, d = e % DK;
-                in_t kx = 0, qx = 0;
-                if (i < len) {
-                    const i64 at = ((start + i) * P.h + kh) * DK + d;
-                    kx = k[at];
-                    qx = q[at];
-                }
-                Ks[i * SK + d] = kx;
-                Qs[i * SK + d] = qx;
+            const int b = NBUF == 2 ? (int)((ci - c_first) & 1) : 0;
+            const Stage st = stage_at(stages + b * stage_bytes());
+            const in_t* Ks = st.K;
+            const in_t* Qs = st.Q;
+            const float* Xs = st.X;
+            const float* Ps = st.Pm;
+            const float4* sc = st.sc;
+#if NBUF == 2
+            // The other buffer was last read by chunk ci - 1, finished at its closing barrier.
+            if (ci + 1 < c_end) {
+                issue(ci + 1, b ^ 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
             }
-            for (int e = tid; e < C * C; e += THREADS) {
-                const int i = e / C, l = e % C;
-                const i64 at = ((start + i) * hv + j) * C + l;
-                Xs[i * SC + l] = i < len ? a_inv[at] : 0.0f;
-                Ps[i * SC + l] = i < len ? pin[at] : 0.0f;
-            }
-            for (int e = tid; e < C * VT; e += THREADS) {
-                const int i = e / VT, cc = e % VT;
-                Vs[i * SV + cc] = i < len ? to_f(v[((start + i) * hv + j) * DV + c0 + cc]) : 0.0f;
-            }
-            if (tid < C) sc[tid] = tid < len ? scal[(start + tid) * hv + j] : make_float4(0.f, 0.f, 0.f, 0.f);
+#else
+            cp_async_wait<0>();
+#endif
             __syncthreads();
             if (hst)
                 for (int e = tid; e < DK * VT; e += THREADS) {
@@ -120,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
                 for (int e = 0; e < 4; ++e) {
                     const int r = rb + frag_row(e), cc = cb + 8 * a + frag_col(e);
                     const float4 s = sc[r];
-                    Vs[r * SV + cc] = fmaf(-s.x, kh_[a][e], Vs[r * SV + cc]);
+                    Vs[r * SV + cc] = fmaf(-s.x, kh_[a][e], to_f(st.Vr[r * SVR + cc]));
                     oacc[a][e] *= s.y;
                 }
             __syncthreads();
@@ -174,6 +206,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
                 }
             }
             __syncthreads();
+#if NBUF == 1
+            if (ci + 1 < c_end) issue(ci + 1, 0);
+#endif
         }
         if (fin)
             for (int e = tid; e < DK * VT; e += THREADS) {

@@ -113,3 +113,31 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], FA a_at, FB b_at) 
 #define STRIDE_A(cols, bytes) ((cols) + ((bytes) == 4 ? 4 : 8))
 // Row stride of a tile read as a B operand (lanes read rows t, columns g): 8 words past.
 #define STRIDE_B(cols) ((cols) + 8)
+
+// 16 bytes global -> shared without passing through registers (cp.async, sm_80+); `valid`
+// false writes 16 zero bytes instead (rows past a chunk's end). Both addresses 16-byte aligned.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    unsigned long long s;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)s), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most `n` of this thread's committed groups are still in flight.
+template <int n>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory"); }
+
+// Copies rows [0, 64) x `cols` elements of a row-major global matrix (row i at src + i *
+// src_stride, 16-byte aligned) into shared rows of `dst_stride` elements; rows >= len are zero.
+template <typename T, int cols>
+__device__ __forceinline__ void stage_rows(T* dst, int dst_stride, const T* src, i64 src_stride,
+                                           int len) {
+    constexpr int per_row = cols * (int)sizeof(T) / 16;
+    for (int e = threadIdx.x; e < 64 * per_row; e += blockDim.x) {
+        const int i = e / per_row, piece = e % per_row;
+        const int off = piece * (16 / (int)sizeof(T));
+        const bool valid = i < len;
+        cp_async16(dst + i * dst_stride + off, valid ? src + i * src_stride + off : src, valid);
+    }
+}
