@@ -31,7 +31,11 @@ fn case(seed: u64) -> (String, Inputs<'static>, Options) {
     let mut r = Rng::new(seed);
     let varlen = r.chance(0.35);
     let b = if varlen { 1 } else { r.int(1, 2) };
-    let t = if r.chance(0.2) { r.int(1, 70) } else { r.int(1, 400) };
+    let t = if r.chance(0.2) {
+        r.int(1, 70)
+    } else {
+        r.int(1, 400)
+    };
     let h = r.int(1, 2);
     let hv = h * r.int(1, 3);
     let dk = pick(&mut r, &[16, 32, 64, 128, 128, 256]);
@@ -40,14 +44,22 @@ fn case(seed: u64) -> (String, Inputs<'static>, Options) {
     let beta_is_logits = r.chance(0.4);
     let gate_in_kernel = r.chance(0.25);
     let opts = Options {
-        scale: if r.chance(0.3) { Some(r.range(0.05, 1.0)) } else { None },
+        scale: if r.chance(0.3) {
+            Some(r.range(0.05, 1.0))
+        } else {
+            None
+        },
         use_qk_l2norm: r.chance(0.5),
         beta_is_logits,
         allow_neg_eigval: beta_is_logits && r.chance(0.5),
         gate_in_kernel,
         state_v_first: r.chance(0.3),
         chunk_size: 64,
-        head_map: if r.chance(0.5) { HeadMap::Grouped } else { HeadMap::Tiled },
+        head_map: if r.chance(0.5) {
+            HeadMap::Grouped
+        } else {
+            HeadMap::Tiled
+        },
         output_final_state: true,
         output_chunk_states: r.chance(0.3),
         out_dtype: Some(DType::F32),
@@ -90,7 +102,11 @@ fn case(seed: u64) -> (String, Inputs<'static>, Options) {
     if resets {
         for x in g.iter_mut() {
             if r.chance(0.02) {
-                *x = if r.chance(0.5) { f32::NEG_INFINITY } else { -1e4 };
+                *x = if r.chance(0.5) {
+                    f32::NEG_INFINITY
+                } else {
+                    -1e4
+                };
             }
         }
     }

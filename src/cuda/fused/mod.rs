@@ -203,8 +203,7 @@ pub fn supported(dev: &CudaDevice, p: &Problem, opts: &Options) -> bool {
         return false;
     }
     let (dk, dv) = (p.dk(), p.dv());
-    if opts.chunk_size != CHUNK || dk % 16 != 0 || dv % 16 != 0 || dk > MAX_DIM || dv > MAX_DIM
-    {
+    if opts.chunk_size != CHUNK || dk % 16 != 0 || dv % 16 != 0 || dk > MAX_DIM || dv > MAX_DIM {
         return false;
     }
     let cfg = config(dev, p, DType::BF16);
@@ -361,7 +360,10 @@ fn function(dev: &CudaDevice, kernel: Kernel, cfg: &Config) -> Result<CudaFuncti
         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         i32::try_from(dev.max_shared_per_block()).unwrap_or(i32::MAX),
     )
-    .map_err(cuda_err(format!("setting {}'s shared memory", kernel.name())))?;
+    .map_err(cuda_err(format!(
+        "setting {}'s shared memory",
+        kernel.name()
+    )))?;
     lock(cache)?.insert(key, f.clone());
     Ok(f)
 }
@@ -382,11 +384,21 @@ pub fn forward(dev: &CudaDevice, p: &Problem, opts: &Options, io: &FusedIo) -> R
         return Err(Error::invalid(
             "options",
             "a problem the fused path supports (chunk size 64, K and V multiples of 16 up to 256)",
-            format!("chunk size {}, K = {}, V = {}", opts.chunk_size, p.dk(), p.dv()),
+            format!(
+                "chunk size {}, K = {}, V = {}",
+                opts.chunk_size,
+                p.dk(),
+                p.dv()
+            ),
         ));
     }
     // The kernels stage rows with 16-byte copies.
-    for (arg, ptr) in [("q", io.q), ("k", io.k), ("v", io.v), ("workspace", io.workspace)] {
+    for (arg, ptr) in [
+        ("q", io.q),
+        ("k", io.k),
+        ("v", io.v),
+        ("workspace", io.workspace),
+    ] {
         if ptr % 16 != 0 {
             return Err(Error::invalid(
                 arg,
@@ -516,7 +528,13 @@ pub(crate) fn forward_bufs(
     };
     let ws = dev.uninit(workspace_bytes(p) / 4, "the fused workspace")?;
     let stream = dev.stream();
-    let ptr = |b: &Buf| if b.is_empty() { 0 } else { b.device_ptr(stream).0 };
+    let ptr = |b: &Buf| {
+        if b.is_empty() {
+            0
+        } else {
+            b.device_ptr(stream).0
+        }
+    };
     let opt = |b: &Option<Buf>| b.as_ref().map_or(0, ptr);
     let io = FusedIo {
         dtype: DType::F32,
@@ -544,6 +562,9 @@ pub(crate) fn sm_count(dev: &CudaDevice) -> usize {
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_or(132, |n| usize::try_from(n).unwrap_or(132))
 }
+
+/// `o` f32, the final state K-major, and the chunk states if asked for.
+pub type HostResults = (Vec<f32>, Vec<f32>, Option<Vec<f32>>);
 
 /// A forward's inputs resident on the GPU in their own dtype (q, k, v as 16-bit where given so:
 /// no widening pass), with its outputs and workspace: what an engine holds between calls.
@@ -615,12 +636,7 @@ impl Resident {
         });
         inputs.push(match &x.initial_state {
             Some(s) if opts.state_v_first => up(
-                bytemuck::cast_slice(&crate::transpose_states(
-                    &s.to_f32(),
-                    p.dk(),
-                    p.dv(),
-                    false,
-                )),
+                bytemuck::cast_slice(&crate::transpose_states(&s.to_f32(), p.dk(), p.dv(), false)),
                 "initial_state",
             )?,
             Some(s) => f32s(s, "initial_state")?,
@@ -658,7 +674,13 @@ impl Resident {
                 b.device_ptr(stream).0
             }
         };
-        let ptr = |b: &Buf| if b.is_empty() { 0 } else { b.device_ptr(stream).0 };
+        let ptr = |b: &Buf| {
+            if b.is_empty() {
+                0
+            } else {
+                b.device_ptr(stream).0
+            }
+        };
         let i = &self.inputs;
         let io = FusedIo {
             dtype: self.dtype,
@@ -687,7 +709,7 @@ impl Resident {
 
     /// The results of the last run, on the host (waits for it): `o` f32, the final state
     /// K-major, the chunk states if asked for.
-    pub fn outputs(&self) -> Result<(Vec<f32>, Vec<f32>, Option<Vec<f32>>)> {
+    pub fn outputs(&self) -> Result<HostResults> {
         use crate::HostIo;
         Ok((
             self.dev.download(&self.o)?,
