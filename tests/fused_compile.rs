@@ -23,12 +23,13 @@ fn fused_kernels_compile_for_sm90_or_skip_without_nvrtc() {
             assert!(ptx.contains(&format!(".entry {}", kernel.name())));
             if let Some(d) = &dump {
                 let name = format!(
-                    "{}_k{}_v{}_vt{}_{}.ptx",
+                    "{}_k{}_v{}_vt{}_{}{}.ptx",
                     kernel.name(),
                     cfg.dk,
                     cfg.dv,
                     cfg.vt,
-                    cfg.dtype.name()
+                    cfg.dtype.name(),
+                    if cfg.wide { "_wide" } else { "" }
                 );
                 std::fs::write(d.join(name), &ptx).unwrap();
             }

@@ -9,6 +9,11 @@
 //!   tile stays on chip across the sequence's chunks; per chunk `v_new`, the output and the
 //!   state update.
 //!
+//! Environment knobs (for measurements): `DELTANET_FUSED=0` takes the stage path,
+//! `DELTANET_FUSED_MMA=0` the same tile products in f32 FMA, `DELTANET_FUSED_VT=16|32` the
+//! state tile width, `DELTANET_FUSED_NBUF=1` one stage buffer, `DELTANET_FUSED_WIDE=1` the
+//! 16-warp recurrent kernel, `DELTANET_FUSED_ONLY=intra|recurrent` one kernel alone.
+//!
 //! The stage path (`crate::chunk_forward`) stays the reference; [`supported`] says when this
 //! one applies, and [`crate::Backend::forward`] of [`CudaDevice`] takes it then.
 
@@ -88,6 +93,9 @@ pub struct Config {
     /// Stage buffers of `chunk_recurrent`: 2 overlaps the next chunk's loads with this one's
     /// products, where shared memory allows.
     pub nbuf: usize,
+    /// `chunk_recurrent` with 16 warps, shared state fragments and two accumulator chains
+    /// (needs `vt == 32`).
+    pub wide: bool,
 }
 
 impl Config {
@@ -99,14 +107,24 @@ impl Config {
         };
         format!(
             "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
-             #define NBUF {}\n",
+             #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n",
             self.dk,
             self.dv,
             self.vt,
             in_t,
             i32::from(self.mma),
-            self.nbuf
+            self.nbuf,
+            i32::from(self.wide),
+            self.threads(Kernel::ChunkRecurrent)
         )
+    }
+
+    /// Threads per block of `kernel`.
+    pub fn threads(&self, kernel: Kernel) -> u32 {
+        match kernel {
+            Kernel::ChunkRecurrent if self.wide => 512,
+            _ => THREADS,
+        }
     }
 
     fn in_bytes(&self) -> usize {
@@ -178,7 +196,19 @@ pub fn standard_configs() -> Vec<Config> {
                 dtype,
                 mma: true,
                 nbuf: if dtype == DType::F32 { 1 } else { 2 },
+                wide: false,
             });
+            if vt == 32 {
+                v.push(Config {
+                    dk: 128,
+                    dv: 128,
+                    vt,
+                    dtype,
+                    mma: true,
+                    nbuf: if dtype == DType::F32 { 1 } else { 2 },
+                    wide: true,
+                });
+            }
         }
     }
     for (dk, dv) in [(256, 256), (64, 64)] {
@@ -190,6 +220,7 @@ pub fn standard_configs() -> Vec<Config> {
                 dtype,
                 mma: true,
                 nbuf: 1,
+                wide: false,
             });
         }
     }
@@ -240,7 +271,11 @@ fn config(dev: &CudaDevice, p: &Problem, dtype: DType) -> Config {
         dtype,
         mma: std::env::var("DELTANET_FUSED_MMA").map_or(true, |v| v != "0"),
         nbuf: 2,
+        wide: vt == 32 && std::env::var("DELTANET_FUSED_WIDE").is_ok_and(|v| v == "1"),
     };
+    if std::env::var("DELTANET_FUSED_NBUF").is_ok_and(|v| v == "1") {
+        cfg.nbuf = 1;
+    }
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
         cfg.nbuf = 1;
     }
@@ -368,10 +403,10 @@ fn function(dev: &CudaDevice, kernel: Kernel, cfg: &Config) -> Result<CudaFuncti
     Ok(f)
 }
 
-fn grid(items: usize, shared: usize) -> LaunchConfig {
+fn grid(items: usize, threads: u32, shared: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (items.clamp(1, super::MAX_BLOCKS) as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: shared as u32,
     }
 }
@@ -421,7 +456,10 @@ pub fn forward(dev: &CudaDevice, p: &Problem, opts: &Options, io: &FusedIo) -> R
     let a_inv = io.workspace;
     let pbuf = a_inv + rows * (CHUNK as u64) * 4;
     let scal = pbuf + rows * (CHUNK as u64) * 4;
-    if chunks > 0 {
+    // Timing knob: DELTANET_FUSED_ONLY=intra or =recurrent launches one kernel alone (results
+    // then wrong), to split the forward's time between the two.
+    let only = std::env::var("DELTANET_FUSED_ONLY").unwrap_or_default();
+    if chunks > 0 && only != "recurrent" {
         let ip = IntraParams {
             q: io.q,
             k: io.k,
@@ -453,7 +491,7 @@ pub fn forward(dev: &CudaDevice, p: &Problem, opts: &Options, io: &FusedIo) -> R
             stream
                 .launch_builder(&f)
                 .arg(&ip)
-                .launch(grid(chunks * hv, shared))
+                .launch(grid(chunks * hv, THREADS, shared))
         }
         .map_err(cuda_err("launching chunk_intra"))?;
     }
@@ -476,6 +514,9 @@ pub fn forward(dev: &CudaDevice, p: &Problem, opts: &Options, io: &FusedIo) -> R
         hv: hv as i64,
         tiled: super::tiled(p),
     };
+    if only == "intra" {
+        return Ok(());
+    }
     let f = function(dev, Kernel::ChunkRecurrent, &cfg)?;
     let shared = cfg.shared_bytes(Kernel::ChunkRecurrent);
     let items = p.num_seqs() * hv * (p.dv() / cfg.vt);
@@ -484,7 +525,7 @@ pub fn forward(dev: &CudaDevice, p: &Problem, opts: &Options, io: &FusedIo) -> R
         stream
             .launch_builder(&f)
             .arg(&rp)
-            .launch(grid(items, shared))
+            .launch(grid(items, cfg.threads(Kernel::ChunkRecurrent), shared))
     }
     .map_err(cuda_err("launching chunk_recurrent"))?;
     Ok(())

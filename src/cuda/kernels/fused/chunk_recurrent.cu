@@ -11,14 +11,25 @@
 // independent blocks. h and v_new never leave the chip (h is written per chunk only when chunk
 // states are asked for). Every product is a warp_mma on the tensor cores: inputs x state two
 // passes (three for f32 inputs), f32 x f32 three.
+// FUSED_WIDE: 16 warps instead of 8 (latency hiding: one block fills an SM's shared memory),
+// K h and Q h sharing their state fragments, two accumulator chains per product.
 // A chunk's rows reach shared memory by cp.async; with NBUF = 2 (when shared memory allows) the
 // next chunk's rows are in flight while this one is computed.
-#define THREADS 256
+#ifndef RTHREADS
+#define RTHREADS 256
+#endif
+#define THREADS RTHREADS
+#define WARPS (THREADS / 32)
 #define C 64
 #define SK STRIDE_A(DK, sizeof(in_t))
 #define SC STRIDE_A(C, 4)
 #define SV STRIDE_B(VT)
-#define NT (VT / 16)  // 16 x 8 tiles per warp of a [64][VT] product
+// A [64][VT] product is 4 x VT/8 tiles of 16 x 8: warp w owns row block w % 4 and NT tiles of
+// column group w / 4.
+#define NT (VT * 4 / (8 * WARPS))
+// The [K][VT] state update: warp w owns row blocks w % 8, w % 8 + 8, .. and NT2 column tiles
+// of column group w / 8.
+#define NT2 (VT / 8 / (WARPS / 8))
 
 struct RecParams {
     u64 q, k, v, a_inv, p, scal;   // inputs (q, k, v in in_t; the rest f32 from chunk_intra)
@@ -141,10 +152,26 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
                 for (int e = 0; e < 4; ++e) kh_[a][e] = oacc[a][e] = 0.0f;
             {
                 auto hb = [&](int kk, int nn) { return Hs[kk * SV + cb + nn]; };
-                warp_mma<SPLIT_IN, 1, NT, DK>(
-                    kh_, [&](int m, int kk) { return to_f(Ks[(rb + m) * SK + kk]); }, hb);
-                warp_mma<SPLIT_IN, 1, NT, DK>(
-                    oacc, [&](int m, int kk) { return to_f(Qs[(rb + m) * SK + kk]); }, hb);
+                auto ka = [&](int m, int kk) { return to_f(Ks[(rb + m) * SK + kk]); };
+                auto qa = [&](int m, int kk) { return to_f(Qs[(rb + m) * SK + kk]); };
+#if FUSED_WIDE
+                float kq[2][NT][4];
+#pragma unroll
+                for (int a = 0; a < NT; ++a)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) kq[0][a][e] = kq[1][a][e] = 0.0f;
+                warp_mma_x<SPLIT_IN, 1, NT, DK, 2>(kq, ka, qa, hb);
+#pragma unroll
+                for (int a = 0; a < NT; ++a)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        kh_[a][e] = kq[0][a][e];
+                        oacc[a][e] = kq[1][a][e];
+                    }
+#else
+                warp_mma<SPLIT_IN, 1, NT, DK>(kh_, ka, hb);
+                warp_mma<SPLIT_IN, 1, NT, DK>(oacc, qa, hb);
+#endif
             }
 #pragma unroll
             for (int a = 0; a < NT; ++a)
@@ -163,9 +190,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
                 for (int a = 0; a < NT; ++a)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) vn[a][e] = 0.0f;
-                warp_mma<1, 1, NT, C>(
-                    vn, [&](int m, int kk) { return Xs[(rb + m) * SC + kk]; },
-                    [&](int kk, int nn) { return Vs[kk * SV + cb + nn]; });
+                auto xa = [&](int m, int kk) { return Xs[(rb + m) * SC + kk]; };
+                auto rbm = [&](int kk, int nn) { return Vs[kk * SV + cb + nn]; };
+#if FUSED_WIDE
+                float vn1[1][NT][4];
+#pragma unroll
+                for (int a = 0; a < NT; ++a)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) vn1[0][a][e] = 0.0f;
+                warp_mma_x<1, 1, NT, C, 1>(vn1, xa, xa, rbm);
+#pragma unroll
+                for (int a = 0; a < NT; ++a)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) vn[a][e] = vn1[0][a][e];
+#else
+                warp_mma<1, 1, NT, C>(vn, xa, rbm);
+#endif
 #pragma unroll
                 for (int a = 0; a < NT; ++a)
 #pragma unroll
@@ -174,9 +214,24 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
             }
             __syncthreads();
             // o = diag(scale rq d) Q h + p v_new.
-            warp_mma<1, 1, NT, C>(
-                oacc, [&](int m, int kk) { return Ps[(rb + m) * SC + kk]; },
-                [&](int kk, int nn) { return Ns[kk * SV + cb + nn]; });
+            {
+                auto pa = [&](int m, int kk) { return Ps[(rb + m) * SC + kk]; };
+                auto nb = [&](int kk, int nn) { return Ns[kk * SV + cb + nn]; };
+#if FUSED_WIDE
+                float o1[1][NT][4];
+#pragma unroll
+                for (int a = 0; a < NT; ++a)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) o1[0][a][e] = oacc[a][e];
+                warp_mma_x<1, 1, NT, C, 1>(o1, pa, pa, nb);
+#pragma unroll
+                for (int a = 0; a < NT; ++a)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) oacc[a][e] = o1[0][a][e];
+#else
+                warp_mma<1, 1, NT, C>(oacc, pa, nb);
+#endif
+            }
 #pragma unroll
             for (int a = 0; a < NT; ++a)
 #pragma unroll
@@ -184,24 +239,29 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
                     const int r = rb + frag_row(e), cc = cb + 8 * a + frag_col(e);
                     if (r < len) o[((start + r) * hv + j) * DV + c0 + cc] = oacc[a][e];
                 }
-            // h = d_last h + K^T diag(rk D_last) v_new: warp w owns state rows 16 w, 16 (w + 8), ..
+            // h = d_last h + K^T diag(rk D_last) v_new.
             {
                 const float d_last = sc[len - 1].w;
-                for (int hb0 = warp * 16; hb0 < DK; hb0 += 16 * (THREADS / 32)) {
-                    float acc[VT / 8][4];
+                const int hc = (warp / 8) * 8 * NT2;
+                for (int hb0 = (warp % 8) * 16; hb0 < DK; hb0 += 16 * 8) {
+                    float acc[1][NT2][4];
 #pragma unroll
-                    for (int a = 0; a < VT / 8; ++a)
+                    for (int a = 0; a < NT2; ++a)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) acc[a][e] = 0.0f;
-                    warp_mma<SPLIT_IN, 1, VT / 8, C>(
-                        acc, [&](int m, int kk) { return to_f(Ks[kk * SK + hb0 + m]); },
-                        [&](int kk, int nn) { return sc[kk].z * Ns[kk * SV + nn]; });
+                        for (int e = 0; e < 4; ++e) acc[0][a][e] = 0.0f;
+                    auto kta = [&](int m, int kk) { return to_f(Ks[kk * SK + hb0 + m]); };
+                    auto vb = [&](int kk, int nn) { return sc[kk].z * Ns[kk * SV + hc + nn]; };
+#if FUSED_WIDE
+                    warp_mma_x<SPLIT_IN, 1, NT2, C, 1>(acc, kta, kta, vb);
+#else
+                    warp_mma<SPLIT_IN, 1, NT2, C>(acc[0], kta, vb);
+#endif
 #pragma unroll
-                    for (int a = 0; a < VT / 8; ++a)
+                    for (int a = 0; a < NT2; ++a)
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
-                            float* hp = &Hs[(hb0 + frag_row(e)) * SV + 8 * a + frag_col(e)];
-                            *hp = fmaf(d_last, *hp, acc[a][e]);
+                            float* hp = &Hs[(hb0 + frag_row(e)) * SV + hc + 8 * a + frag_col(e)];
+                            *hp = fmaf(d_last, *hp, acc[0][a][e]);
                         }
                 }
             }

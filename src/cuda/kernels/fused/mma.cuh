@@ -141,3 +141,78 @@ __device__ __forceinline__ void stage_rows(T* dst, int dst_stride, const T* src,
         cp_async16(dst + i * dst_stride + off, valid ? src + i * src_stride + off : src, valid);
     }
 }
+
+// warp_mma for NA (1 or 2) A operands sharing one B operand (its fragments loaded and split
+// once), with two accumulator sets for alternate k steps so that consecutive tensor-core
+// products do not wait on each other; the sets are added at the end.
+template <int SA, int SB, int NT, int KD, int NA, typename FA0, typename FA1, typename FB>
+__device__ __forceinline__ void warp_mma_x(float (&acc)[NA][NT][4], FA0 a_at0, FA1 a_at1,
+                                           FB b_at) {
+#if FUSED_MMA
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float odd[NA][NT][4];
+#pragma unroll
+    for (int x = 0; x < NA; ++x)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) odd[x][j][e] = 0.0f;
+#pragma unroll 1
+    for (int k00 = 0; k00 < KD; k00 += 16)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int k0 = k00 + 8 * half;
+        unsigned ah[NA][4], al[NA][4];
+#pragma unroll
+        for (int x = 0; x < NA; ++x) {
+            float af[4];
+            if (x == 0) {
+                af[0] = a_at0(g, k0 + t); af[1] = a_at0(g + 8, k0 + t);
+                af[2] = a_at0(g, k0 + t + 4); af[3] = a_at0(g + 8, k0 + t + 4);
+            } else {
+                af[0] = a_at1(g, k0 + t); af[1] = a_at1(g + 8, k0 + t);
+                af[2] = a_at1(g, k0 + t + 4); af[3] = a_at1(g + 8, k0 + t + 4);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (SA) split_tf32(af[e], ah[x][e], al[x][e]);
+                else ah[x][e] = __float_as_uint(af[e]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const float bf[2] = {b_at(k0 + t, 8 * j + g), b_at(k0 + t + 4, 8 * j + g)};
+            unsigned bh[2], bl[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                if (SB) split_tf32(bf[e], bh[e], bl[e]);
+                else bh[e] = __float_as_uint(bf[e]);
+            }
+#pragma unroll
+            for (int x = 0; x < NA; ++x) {
+                float(&c)[4] = half ? odd[x][j] : acc[x][j];
+                const unsigned(&a_h)[4] = ah[x];
+                const unsigned(&a_l)[4] = al[x];
+                if (SA && SB) {
+                    mma_tf32(c, a_h, bl);
+                    mma_tf32(c, a_l, bh);
+                } else if (SA) {
+                    mma_tf32(c, a_l, bh);
+                } else if (SB) {
+                    mma_tf32(c, a_h, bl);
+                }
+                mma_tf32(c, a_h, bh);
+            }
+        }
+    }
+#pragma unroll
+    for (int x = 0; x < NA; ++x)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[x][j][e] += odd[x][j][e];
+#else
+    warp_mma<SA, SB, NT, KD>(acc[0], a_at0, b_at);
+    if (NA > 1) warp_mma<SA, SB, NT, KD>(acc[NA - 1], a_at1, b_at);
+#endif
+}
