@@ -9,10 +9,9 @@
 //!   tile stays on chip across the sequence's chunks; per chunk `v_new`, the output and the
 //!   state update.
 //!
-//! Environment knobs (for measurements): `DELTANET_FUSED=0` takes the stage path,
-//! `DELTANET_FUSED_MMA=0` the same tile products in f32 FMA, `DELTANET_FUSED_VT=16|32` the
-//! state tile width, `DELTANET_FUSED_NBUF=1` one stage buffer, `DELTANET_FUSED_WIDE=1` the
-//! 16-warp recurrent kernel, `DELTANET_FUSED_ONLY=intra|recurrent` one kernel alone.
+//! Environment knobs (for measurements): `DELTANET_FUSED=0` takes the stage path, the
+//! [`Tuning`] variables choose kernel variants, `DELTANET_FUSED_ONLY=intra|recurrent` launches
+//! one kernel alone (to split the time; results then wrong).
 //!
 //! The stage path (`crate::chunk_forward`) stays the reference; [`supported`] says when this
 //! one applies, and [`crate::Backend::forward`] of [`CudaDevice`] takes it then.
@@ -237,7 +236,7 @@ pub fn supported(dev: &CudaDevice, p: &Problem, opts: &Options) -> bool {
     if opts.chunk_size != CHUNK || dk % 16 != 0 || dv % 16 != 0 || dk > MAX_DIM || dv > MAX_DIM {
         return false;
     }
-    let cfg = config(dev, p, DType::BF16);
+    let cfg = config(dev, p, DType::BF16, &Tuning::default());
     let f32cfg = Config {
         dtype: DType::F32,
         nbuf: 1,
@@ -253,29 +252,60 @@ pub fn workspace_bytes(p: &Problem) -> usize {
     p.tokens() * p.v_heads() * WS_PER_ROW * 4
 }
 
-fn config(dev: &CudaDevice, p: &Problem, dtype: DType) -> Config {
-    let dv = p.dv();
-    // Narrower tiles give the sequential pass more blocks when (sequences x heads) are few.
-    let mut vt = if dv % 32 == 0 { 32 } else { 16 };
-    if let Ok(s) = std::env::var("DELTANET_FUSED_VT") {
-        if (s == "16" || s == "32") && dv % s.parse::<usize>().unwrap_or(16) == 0 {
-            vt = s.parse().unwrap_or(vt);
+/// Choices of the fused kernels that change their speed, not their results (beyond rounding).
+/// The default chooses automatically; a choice that does not apply to the problem (a tile width
+/// that does not divide V, two buffers that do not fit) is ignored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tuning {
+    /// State columns per `chunk_recurrent` block: 16 or 32.
+    pub vt: Option<usize>,
+    /// Stage buffers of `chunk_recurrent`: 1 or 2.
+    pub nbuf: Option<usize>,
+    /// The 16-warp `chunk_recurrent` (32 state columns).
+    pub wide: bool,
+    /// The tile products in plain f32 FMA instead of the tensor cores (a cross-check).
+    pub fma: bool,
+}
+
+impl Tuning {
+    /// From the environment: `DELTANET_FUSED_VT`, `DELTANET_FUSED_NBUF`,
+    /// `DELTANET_FUSED_WIDE=1`, `DELTANET_FUSED_MMA=0`.
+    pub fn from_env() -> Tuning {
+        let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
+        Tuning {
+            vt: num("DELTANET_FUSED_VT"),
+            nbuf: num("DELTANET_FUSED_NBUF"),
+            wide: std::env::var("DELTANET_FUSED_WIDE").is_ok_and(|v| v == "1"),
+            fma: std::env::var("DELTANET_FUSED_MMA").is_ok_and(|v| v == "0"),
         }
-    } else if vt == 32 && p.num_seqs() * p.v_heads() * (dv / 32) < sm_count(dev) {
+    }
+}
+
+fn config(dev: &CudaDevice, p: &Problem, dtype: DType, tuning: &Tuning) -> Config {
+    let dv = p.dv();
+    let fits = |vt: usize| dv % vt == 0;
+    let mut vt = if fits(32) { 32 } else { 16 };
+    // Narrower tiles give the sequential pass more blocks when (sequences x heads) are few.
+    if vt == 32 && p.num_seqs() * p.v_heads() * (dv / 32) < sm_count(dev) {
         vt = 16;
+    }
+    match tuning.vt {
+        Some(t @ (16 | 32)) if fits(t) => vt = t,
+        _ => {}
+    }
+    let wide = tuning.wide && fits(32);
+    if wide {
+        vt = 32;
     }
     let mut cfg = Config {
         dk: p.dk(),
         dv,
         vt,
         dtype,
-        mma: std::env::var("DELTANET_FUSED_MMA").map_or(true, |v| v != "0"),
-        nbuf: 2,
-        wide: vt == 32 && std::env::var("DELTANET_FUSED_WIDE").is_ok_and(|v| v == "1"),
+        mma: !tuning.fma,
+        nbuf: if tuning.nbuf == Some(1) { 1 } else { 2 },
+        wide,
     };
-    if std::env::var("DELTANET_FUSED_NBUF").is_ok_and(|v| v == "1") {
-        cfg.nbuf = 1;
-    }
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
         cfg.nbuf = 1;
     }
@@ -415,6 +445,17 @@ fn grid(items: usize, threads: u32, shared: usize) -> LaunchConfig {
 /// but the problem's chunk tables (cached per problem), never synchronises. The caller checks
 /// [`supported`] and that every pointer holds its tensor.
 pub fn forward(dev: &CudaDevice, p: &Problem, opts: &Options, io: &FusedIo) -> Result<()> {
+    forward_tuned(dev, p, opts, io, &Tuning::from_env())
+}
+
+/// [`forward`] with explicit [`Tuning`].
+pub fn forward_tuned(
+    dev: &CudaDevice,
+    p: &Problem,
+    opts: &Options,
+    io: &FusedIo,
+    tuning: &Tuning,
+) -> Result<()> {
     if !supported(dev, p, opts) {
         return Err(Error::invalid(
             "options",
@@ -442,7 +483,7 @@ pub fn forward(dev: &CudaDevice, p: &Problem, opts: &Options, io: &FusedIo) -> R
             ));
         }
     }
-    let cfg = config(dev, p, io.dtype);
+    let cfg = config(dev, p, io.dtype, tuning);
     let hv = p.v_heads();
     let tokens = p.tokens();
     let chunks = p.chunks().len();
@@ -522,10 +563,11 @@ pub fn forward(dev: &CudaDevice, p: &Problem, opts: &Options, io: &FusedIo) -> R
     let items = p.num_seqs() * hv * (p.dv() / cfg.vt);
     // SAFETY: as for chunk_intra.
     unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&rp)
-            .launch(grid(items, cfg.threads(Kernel::ChunkRecurrent), shared))
+        stream.launch_builder(&f).arg(&rp).launch(grid(
+            items,
+            cfg.threads(Kernel::ChunkRecurrent),
+            shared,
+        ))
     }
     .map_err(cuda_err("launching chunk_recurrent"))?;
     Ok(())
@@ -538,6 +580,18 @@ pub(crate) fn forward_bufs(
     p: &Problem,
     opts: &Options,
     x: &StageInputs<Buf>,
+) -> Result<ForwardOut<Buf>> {
+    forward_bufs_tuned(dev, p, opts, x, &Tuning::from_env())
+}
+
+/// The fused forward on f32 device buffers (as [`crate::Backend::forward`] takes it where
+/// [`supported`]) with explicit [`Tuning`], allocating the outputs and the workspace.
+pub fn forward_bufs_tuned(
+    dev: &CudaDevice,
+    p: &Problem,
+    opts: &Options,
+    x: &StageInputs<Buf>,
+    tuning: &Tuning,
 ) -> Result<ForwardOut<Buf>> {
     let (hv, dk, dv) = (p.v_heads(), p.dk(), p.dv());
     let n = p.tokens();
@@ -592,7 +646,7 @@ pub(crate) fn forward_bufs(
         chunk_states: opt(&h),
         workspace: ptr(&ws),
     };
-    forward(dev, p, opts, &io)?;
+    forward_tuned(dev, p, opts, &io, tuning)?;
     Ok(ForwardOut { o, h, final_state })
 }
 
@@ -620,6 +674,8 @@ pub struct Resident {
     final_state: Buf,
     h: Option<Buf>,
     ws: cudarc::driver::CudaSlice<u8>,
+    /// The kernel choices [`Resident::run`] uses (from the environment at construction).
+    pub tuning: Tuning,
 }
 
 impl Resident {
@@ -702,6 +758,7 @@ impl Resident {
             final_state,
             h,
             ws,
+            tuning: Tuning::from_env(),
         })
     }
 
@@ -738,7 +795,7 @@ impl Resident {
             chunk_states: self.h.as_ref().map_or(0, ptr),
             workspace: ptr8(&self.ws),
         };
-        forward(&self.dev, &self.p, &self.opts, &io)
+        forward_tuned(&self.dev, &self.p, &self.opts, &io, &self.tuning)
     }
 
     /// Milliseconds of device time of one [`Resident::run`] (events on the stream).
