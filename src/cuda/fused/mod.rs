@@ -33,6 +33,8 @@ use crate::options::Options;
 use crate::problem::Problem;
 use crate::RESET_LOG_DECAY;
 
+pub mod offline;
+
 /// The chunk size the fused kernels are written for.
 pub const CHUNK: usize = 64;
 /// The largest key and value dimensions compiled (as constants) into the fused kernels.
@@ -157,13 +159,7 @@ fn compile(kernel: Kernel, arch: &str, cfg: &Config) -> Result<Ptx> {
     }
     let text = format!("{}{COMMON}\n{MMA}\n{}", cfg.defines(), kernel.text());
     let opts = CompileOptions {
-        options: vec![
-            format!("--gpu-architecture={arch}"),
-            "--std=c++17".to_string(),
-            "--fmad=true".to_string(),
-            "--prec-div=true".to_string(),
-            "--prec-sqrt=true".to_string(),
-        ],
+        options: offline::options(arch, &[]),
         name: Some(format!("{}.cu", kernel.name())),
         ..Default::default()
     };
