@@ -9,6 +9,10 @@
 //!   tile stays on chip across the sequence's chunks; per chunk `v_new`, the output and the
 //!   state update.
 //!
+//! Non-finite inputs: a NaN or Inf in k, v, g or beta at token t reaches the outputs of the
+//! earlier tokens of its chunk (a product with a zero weight still carries it), as on the stage
+//! path; inputs are expected finite (the CLI can check them).
+//!
 //! Environment knobs (for measurements): `DELTANET_FUSED=0` takes the stage path, the
 //! [`Tuning`] variables choose kernel variants, `DELTANET_FUSED_ONLY=intra|recurrent` launches
 //! one kernel alone (to split the time; results then wrong).
