@@ -128,6 +128,19 @@ impl CudaDevice {
 impl Backend for CudaDevice {
     type Buf = Buf;
 
+    /// The fused kernels where [`super::fused::supported`], else the stages one after the other.
+    fn forward(
+        &self,
+        p: &Problem,
+        opts: &Options,
+        x: &crate::StageInputs<Buf>,
+    ) -> Result<crate::ForwardOut<Buf>> {
+        if super::fused::supported(self, p, opts) {
+            return super::fused::forward_bufs(self, p, opts, x);
+        }
+        crate::chunk_forward(self, p, opts, x)
+    }
+
     fn l2norm(&self, x: &Buf, rows: usize, dim: usize) -> Result<Buf> {
         self.check("x", x, rows.saturating_mul(dim))?;
         let mut y = self.uninit(x.len(), "l2norm output")?;
@@ -408,6 +421,19 @@ impl CudaDevice {
 }
 
 impl crate::HostIo for CudaDevice {
+    /// Where [`super::fused::supported`]: q, k and v uploaded in their own dtype (no widening
+    /// pass) and the fused forward; else the default (f32 uploads, [`Backend::forward`]).
+    fn forward_host(
+        &self,
+        p: &Problem,
+        x: &crate::Inputs<'_>,
+        opts: &Options,
+    ) -> Result<crate::ForwardOut<Buf>> {
+        if super::fused::supported(self, p, opts) {
+            return super::fused::forward_host(self, p, x, opts);
+        }
+        self.forward(p, opts, &crate::host::upload_inputs(self, p, x, opts)?)
+    }
     fn upload(&self, data: &[f32]) -> Result<Buf> {
         if data.is_empty() {
             return self.zeros(0, "an upload");

@@ -53,7 +53,7 @@ use super::stages::{
     cast, chunk_output, chunk_state, cumsum, gate, kkt, l2norm, launch_per_chunk, recurrent,
     solve_tril, wy, Ctx, GammaPtrs,
 };
-use super::{CudaDevice, Tables};
+use super::{fused, CudaDevice, Tables};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::options::Options;
@@ -416,11 +416,40 @@ pub(crate) fn step_layout(p: &Problem, opts: &Options, dtype: DType) -> StepLayo
     }
 }
 
-/// Workspace bytes [`Plan::forward`] needs for this problem, options and input dtype (q, k, v).
+/// Where the fused forward keeps its intermediates: its own workspace, and `o` in f32 when the
+/// output is 16-bit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FusedLayout {
+    pub fused: Region,
+    pub o32: Region,
+    pub bytes: usize,
+}
+
+pub(crate) fn fused_layout(p: &Problem, opts: &Options, dtype: DType) -> FusedLayout {
+    let mut c = Carver::default();
+    let fused = c.f32s(fused::workspace_bytes(p) / 4);
+    let narrow = if out_dtype(opts, dtype) == DType::F32 {
+        0
+    } else {
+        p.tokens() * p.v_heads() * p.dv()
+    };
+    let o32 = c.f32s(narrow);
+    FusedLayout {
+        fused,
+        o32,
+        bytes: c.end,
+    }
+}
+
+/// Workspace bytes [`Plan::forward`] needs for this problem, options and input dtype (q, k, v):
+/// enough for the stage path and for the fused one, whichever the device takes.
 pub fn forward_workspace_bytes(p: &Problem, opts: &Options, dtype: DType) -> usize {
-    // FUSED DISPATCH: the larger of this and `fused::workspace_bytes(p, opts)` once the fused
-    // path exists (see `Plan::forward`).
-    forward_layout(p, opts, dtype).bytes
+    let stages = forward_layout(p, opts, dtype).bytes;
+    if fused::shaped_for(p, opts) {
+        stages.max(fused_layout(p, opts, dtype).bytes)
+    } else {
+        stages
+    }
 }
 
 /// Workspace bytes [`Plan::recurrent_step`] needs for this problem, options and input dtype.
@@ -735,6 +764,45 @@ impl Plan {
         unsafe { cast::convert(&self.dev, DType::F32, o.dtype, o32, o.ptr, o.len) }
     }
 
+    /// [`Plan::forward`] on the fused kernels (the caller checked `fused::supported` and the
+    /// 16-byte alignment of q, k and v they read with vector loads).
+    fn forward_fused(&self, io: &ForwardIo<'_>, workspace: &Workspace<'_>) -> Result<()> {
+        let l = fused_layout(&self.p, &self.opts, self.dtype);
+        let base = workspace.ptr;
+        let o32 = if io.o.dtype == DType::F32 {
+            io.o.ptr
+        } else {
+            l.o32.at(base)
+        };
+        let x = &io.inputs;
+        let fio = fused::FusedIo {
+            dtype: self.dtype,
+            q: x.q.ptr,
+            k: x.k.ptr,
+            v: x.v.ptr,
+            g: x.g.ptr,
+            beta: x.beta.ptr,
+            a_log: x.a_log.map_or(0, |a| a.ptr),
+            dt_bias: x.dt_bias.map_or(0, |d| d.ptr),
+            h0: io.initial_state.as_ref().map_or(0, |h| h.ptr),
+            o: o32,
+            final_state: io.final_state.ptr,
+            chunk_states: io.chunk_states.as_ref().map_or(0, |h| h.ptr),
+            workspace: l.fused.at(base),
+        };
+        let tuning = fused::Tuning::from_env();
+        fused::forward_with_tables(
+            &self.dev,
+            &self.p,
+            &self.opts,
+            &fio,
+            &tuning,
+            self.tables.ptrs(),
+        )?;
+        // SAFETY: `o32` holds `o.len` f32 (the caller's `o` when f32, else the layout's region).
+        unsafe { self.epilogue(o32, &io.o) }
+    }
+
     /// The chunked forward: reads `io`'s inputs, writes `o`, `final_state` and, with
     /// `output_chunk_states`, `chunk_states`; intermediates live in `workspace` (at least
     /// [`Plan::forward_workspace_bytes`]). Every argument is checked first (`Err` naming it);
@@ -743,10 +811,13 @@ impl Plan {
     pub fn forward(&self, io: ForwardIo<'_>, workspace: Workspace<'_>) -> Result<()> {
         let (p, opts, dev) = (&self.p, &self.opts, &*self.dev);
         check_forward(p, opts, self.dtype, &io, &workspace)?;
-        // FUSED DISPATCH. Where `fused::supported(p, opts)`, the fused path runs here instead of
-        // the stages below and returns: `fused::forward(dev, p, opts, &io)` over the validated
-        // addresses of `io` (`DeviceRef::ptr`, `DeviceMut::ptr`) and of `workspace`, with
-        // `forward_workspace_bytes` taking the larger of the two paths' needs.
+        if fused::supported(dev, p, opts)
+            && [io.inputs.q.ptr, io.inputs.k.ptr, io.inputs.v.ptr]
+                .iter()
+                .all(|a| a % 16 == 0)
+        {
+            return self.forward_fused(&io, &workspace);
+        }
         let (base, l) = (workspace.ptr, &self.forward);
         let ctx = Ctx {
             dev,

@@ -15,6 +15,7 @@
 
 mod backend;
 pub mod engine;
+pub mod fused;
 pub mod registry;
 pub(crate) mod stages;
 

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::options::CHUNK_SIZES;
 
 /// Declarations every kernel source starts with (prepended at compile time).
-const COMMON: &str = include_str!("kernels/common.cuh");
+pub(crate) const COMMON: &str = include_str!("kernels/common.cuh");
 
 /// A kernel's one argument: a `#[repr(C)]` struct mirrored field by field in `SOURCE`.
 ///
@@ -276,21 +276,23 @@ fn compile_error(key: &Key, e: CompileError) -> Error {
     }
 }
 
-/// Compiles one module to PTX (no GPU needed, only libnvrtc).
-fn compile_uncached(key: &Key) -> Result<String> {
-    if !nvrtc_available() {
-        return Err(Error::CudaUnavailable("libnvrtc cannot be loaded".into()));
-    }
-    let src = key.source;
-    let mut options = vec![
-        format!("--gpu-architecture={}", key.arch),
+/// The NVRTC options every kernel is compiled with, for `arch`: plain f32 arithmetic with fused
+/// multiply-adds, no approximate division or root.
+pub(crate) fn base_options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
-        // Plain f32 arithmetic with fused multiply-adds; no approximate division or root.
         "--fmad=true".to_string(),
         "--prec-div=true".to_string(),
         "--prec-sqrt=true".to_string(),
-        format!("-DPARAMS_BYTES={}", src.params_bytes()),
-    ];
+    ]
+}
+
+/// The NVRTC options of one module: [`base_options`] and the source's constants.
+pub(crate) fn options(key: &Key) -> Result<Vec<String>> {
+    let src = key.source;
+    let mut options = base_options(&key.arch);
+    options.push(format!("-DPARAMS_BYTES={}", src.params_bytes()));
     options.extend(src.defines().iter().map(|(k, v)| format!("-D{k}={v}")));
     match (src.needs_bt(), key.bt) {
         (true, Some(bt)) => options.push(format!("-DBT={bt}")),
@@ -303,6 +305,16 @@ fn compile_uncached(key: &Key) -> Result<String> {
         }
         _ => {}
     }
+    Ok(options)
+}
+
+/// Compiles one module to PTX (no GPU needed, only libnvrtc).
+fn compile_uncached(key: &Key) -> Result<String> {
+    if !nvrtc_available() {
+        return Err(Error::CudaUnavailable("libnvrtc cannot be loaded".into()));
+    }
+    let src = key.source;
+    let options = options(key)?;
     let text = format!("{COMMON}\n{}", src.text());
     let opts = CompileOptions {
         options,

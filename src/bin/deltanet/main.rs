@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod kernels;
 mod lifecycle;
 mod run;
 mod selftest;
@@ -35,6 +36,8 @@ enum Command {
     Bench(bench::Args),
     /// Check a device against the float64 oracle: random problems, every stage, the vector files.
     Selftest(selftest::Args),
+    /// Write every kernel's PTX and CUBIN for an architecture, without a GPU.
+    Kernels(kernels::Args),
 }
 
 /// A failure of a command: the exit code and a one-line message (printed once, by `main`).
@@ -189,6 +192,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => demo::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Selftest(a) => selftest::main(a),
+        Command::Kernels(a) => kernels::main(a),
     });
     let Ok(r) = r else {
         return ExitCode::from(1);

@@ -30,7 +30,7 @@ use crate::problem::Problem;
 
 /// Blocks per launch at most; kernels loop over the work items beyond it, so no item count hits
 /// a grid limit (the x dimension alone is used).
-const MAX_BLOCKS: usize = 1 << 22;
+pub(crate) const MAX_BLOCKS: usize = 1 << 22;
 
 /// Implements the traits of a kernel's params struct, mirrored in `$source`; with `per_chunk`,
 /// also [`PerChunk`] for a struct with `chunks` and `shape` fields.

@@ -1,0 +1,898 @@
+//! The fused GPU prefill: two kernels per forward instead of seven stages, with the products on
+//! the tensor cores and the arithmetic still exact to f32 rounding (TF32 hi/lo splits, see
+//! `kernels/fused/mma.cuh`).
+//!
+//! - `chunk_intra` (one block per chunk and value head): gate, cumsum, l2norm as row scalings,
+//!   `A_strict`, its inverse, the masked and decayed `q k^T` block, and the row scalings the
+//!   second kernel needs. It writes 132 f32 per token and value head into the workspace.
+//! - `chunk_recurrent` (one block per sequence, value head and tile of state columns): the state
+//!   tile stays on chip across the sequence's chunks; per chunk `v_new`, the output and the
+//!   state update.
+//!
+//! Non-finite inputs: a NaN or Inf in k, v, g or beta at token t reaches the outputs of the
+//! earlier tokens of its chunk (a product with a zero weight still carries it), as on the stage
+//! path; inputs are expected finite (the CLI can check them).
+//!
+//! Environment knobs (for measurements): `DELTANET_FUSED=0` takes the stage path, the
+//! [`Tuning`] variables choose kernel variants, `DELTANET_FUSED_ONLY=intra|recurrent` launches
+//! one kernel alone (to split the time; results then wrong).
+//!
+//! The stage path (`crate::chunk_forward`) stays the reference; [`supported`] says when this
+//! one applies, and [`crate::Backend::forward`] of [`CudaDevice`] takes it then.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaFunction, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+use super::registry::{lock, nvrtc_available};
+use super::{cuda_err, Buf, CudaDevice};
+use crate::backend::StageInputs;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::forward::ForwardOut;
+use crate::options::Options;
+use crate::problem::Problem;
+use crate::RESET_LOG_DECAY;
+
+pub mod offline;
+
+/// The chunk size the fused kernels are written for.
+pub const CHUNK: usize = 64;
+/// The largest key and value dimensions compiled (as constants) into the fused kernels.
+pub const MAX_DIM: usize = 256;
+const THREADS: u32 = 256;
+/// f32 values per token and value head in the workspace: `a_inv` and `p` rows (64 each) and
+/// four row scalings.
+const WS_PER_ROW: usize = 2 * CHUNK + 4;
+
+use super::registry::COMMON;
+const MMA: &str = include_str!("../kernels/fused/mma.cuh");
+const INTRA: &str = include_str!("../kernels/fused/chunk_intra.cu");
+const RECURRENT: &str = include_str!("../kernels/fused/chunk_recurrent.cu");
+
+/// The two fused kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// `chunk_intra.cu`.
+    ChunkIntra,
+    /// `chunk_recurrent.cu`.
+    ChunkRecurrent,
+}
+
+impl Kernel {
+    /// Both kernels.
+    pub const ALL: [Kernel; 2] = [Kernel::ChunkIntra, Kernel::ChunkRecurrent];
+
+    /// The function's (and the source file's) name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::ChunkIntra => "chunk_intra",
+            Kernel::ChunkRecurrent => "chunk_recurrent",
+        }
+    }
+
+    fn text(self) -> &'static str {
+        match self {
+            Kernel::ChunkIntra => INTRA,
+            Kernel::ChunkRecurrent => RECURRENT,
+        }
+    }
+}
+
+/// The compile-time constants of one fused module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Config {
+    /// Key dimension K.
+    pub dk: usize,
+    /// Value dimension V.
+    pub dv: usize,
+    /// State columns per block of `chunk_recurrent` (16 or 32).
+    pub vt: usize,
+    /// The dtype q, k and v are read in.
+    pub dtype: DType,
+    /// Tensor cores (true) or the same tile products in plain f32 FMA (a cross-check).
+    pub mma: bool,
+    /// Stage buffers of `chunk_recurrent`: 2 overlaps the next chunk's loads with this one's
+    /// products, where shared memory allows.
+    pub nbuf: usize,
+    /// `chunk_recurrent` with 16 warps, shared state fragments and two accumulator chains
+    /// (needs `vt == 32`).
+    pub wide: bool,
+}
+
+impl Config {
+    fn defines(&self) -> String {
+        let in_t = match self.dtype {
+            DType::F32 => 0,
+            DType::BF16 => 1,
+            DType::F16 => 2,
+        };
+        format!(
+            "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
+             #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n",
+            self.dk,
+            self.dv,
+            self.vt,
+            in_t,
+            i32::from(self.mma),
+            self.nbuf,
+            i32::from(self.wide),
+            self.threads(Kernel::ChunkRecurrent)
+        )
+    }
+
+    /// Threads per block of `kernel`.
+    pub fn threads(&self, kernel: Kernel) -> u32 {
+        match kernel {
+            Kernel::ChunkRecurrent if self.wide => 512,
+            _ => THREADS,
+        }
+    }
+
+    fn in_bytes(&self) -> usize {
+        self.dtype.size()
+    }
+
+    /// Dynamic shared memory of `kernel`, in bytes (mirrors the carving in the `.cu` files).
+    pub fn shared_bytes(&self, kernel: Kernel) -> usize {
+        let sk = self.dk + if self.in_bytes() == 4 { 4 } else { 8 };
+        let sc = CHUNK + 4;
+        let qk = 2 * CHUNK * sk * self.in_bytes();
+        match kernel {
+            Kernel::ChunkIntra => (2 * CHUNK * sc + 3 * 256 + 7 * CHUNK) * 4 + qk,
+            Kernel::ChunkRecurrent => {
+                let sv = self.vt + 8;
+                let stage = qk + 2 * CHUNK * sc * 4 + CHUNK * sv * self.in_bytes() + CHUNK * 16;
+                (self.dk * sv + 2 * CHUNK * sv) * 4 + self.nbuf * stage
+            }
+        }
+    }
+}
+
+/// Compiles one fused kernel to PTX for `arch` (`sm_90`); needs libnvrtc only, no GPU.
+pub fn compile_ptx(kernel: Kernel, arch: &str, cfg: &Config) -> Result<String> {
+    compile(kernel, arch, cfg).map(|p| p.to_src())
+}
+
+fn compile(kernel: Kernel, arch: &str, cfg: &Config) -> Result<Ptx> {
+    if !nvrtc_available() {
+        return Err(Error::CudaUnavailable("libnvrtc cannot be loaded".into()));
+    }
+    let text = format!("{}{COMMON}\n{MMA}\n{}", cfg.defines(), kernel.text());
+    let opts = CompileOptions {
+        options: offline::options(arch, &[]),
+        name: Some(format!("{}.cu", kernel.name())),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(text, opts).map_err(|e| {
+        let log = match e {
+            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                log.to_string_lossy().into_owned()
+            }
+            other => format!("{other:?}"),
+        };
+        Error::Compile {
+            kernel: kernel.name().to_string(),
+            arch: arch.to_string(),
+            log,
+        }
+    })
+}
+
+/// The configurations `deltanet kernels` and the compilation test build: K = V = 128 in every
+/// input dtype, the widest (256) and a narrow (64) one in f32 and bf16, both state tile widths.
+pub fn standard_configs() -> Vec<Config> {
+    let mut v = Vec::new();
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for vt in [16, 32] {
+            v.push(Config {
+                dk: 128,
+                dv: 128,
+                vt,
+                dtype,
+                mma: true,
+                nbuf: if dtype == DType::F32 { 1 } else { 2 },
+                wide: false,
+            });
+            if vt == 32 {
+                v.push(Config {
+                    dk: 128,
+                    dv: 128,
+                    vt,
+                    dtype,
+                    mma: true,
+                    nbuf: if dtype == DType::F32 { 1 } else { 2 },
+                    wide: true,
+                });
+            }
+        }
+    }
+    for (dk, dv) in [(256, 256), (64, 64)] {
+        for dtype in [DType::F32, DType::BF16] {
+            v.push(Config {
+                dk,
+                dv,
+                vt: 32,
+                dtype,
+                mma: true,
+                nbuf: 1,
+                wide: false,
+            });
+        }
+    }
+    v
+}
+
+/// Whether the fused path computes this problem (else the stage path does): chunk size 64,
+/// K and V multiples of 16 up to 256, and shared memory for both kernels on this GPU.
+pub fn supported(dev: &CudaDevice, p: &Problem, opts: &Options) -> bool {
+    if std::env::var("DELTANET_FUSED").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    if !shaped_for(p, opts) {
+        return false;
+    }
+    let cfg = config(dev, p, DType::BF16, &Tuning::default());
+    let f32cfg = Config {
+        dtype: DType::F32,
+        nbuf: 1,
+        ..cfg
+    };
+    Kernel::ALL
+        .iter()
+        .all(|&k| f32cfg.shared_bytes(k) <= dev.max_shared_per_block())
+}
+
+/// The device-independent part of [`supported`]: chunk size 64, K and V multiples of 16 up to
+/// 256.
+pub fn shaped_for(p: &Problem, opts: &Options) -> bool {
+    let (dk, dv) = (p.dk(), p.dv());
+    opts.chunk_size == CHUNK && dk % 16 == 0 && dv % 16 == 0 && dk <= MAX_DIM && dv <= MAX_DIM
+}
+
+/// Workspace of [`forward`], in bytes: 132 f32 per token and value head.
+pub fn workspace_bytes(p: &Problem) -> usize {
+    p.tokens() * p.v_heads() * WS_PER_ROW * 4
+}
+
+/// Choices of the fused kernels that change their speed, not their results (beyond rounding).
+/// The default chooses automatically; a choice that does not apply to the problem (a tile width
+/// that does not divide V, two buffers that do not fit) is ignored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tuning {
+    /// State columns per `chunk_recurrent` block: 16 or 32.
+    pub vt: Option<usize>,
+    /// Stage buffers of `chunk_recurrent`: 1 or 2.
+    pub nbuf: Option<usize>,
+    /// The 16-warp `chunk_recurrent` (32 state columns).
+    pub wide: bool,
+    /// The tile products in plain f32 FMA instead of the tensor cores (a cross-check).
+    pub fma: bool,
+}
+
+impl Tuning {
+    /// From the environment: `DELTANET_FUSED_VT`, `DELTANET_FUSED_NBUF`,
+    /// `DELTANET_FUSED_WIDE=1`, `DELTANET_FUSED_MMA=0`.
+    pub fn from_env() -> Tuning {
+        let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
+        Tuning {
+            vt: num("DELTANET_FUSED_VT"),
+            nbuf: num("DELTANET_FUSED_NBUF"),
+            wide: std::env::var("DELTANET_FUSED_WIDE").is_ok_and(|v| v == "1"),
+            fma: std::env::var("DELTANET_FUSED_MMA").is_ok_and(|v| v == "0"),
+        }
+    }
+}
+
+fn config(dev: &CudaDevice, p: &Problem, dtype: DType, tuning: &Tuning) -> Config {
+    let dv = p.dv();
+    let fits = |vt: usize| dv % vt == 0;
+    let mut vt = if fits(32) { 32 } else { 16 };
+    // Narrower tiles give the sequential pass more blocks when (sequences x heads) are few.
+    if vt == 32 && p.num_seqs() * p.v_heads() * (dv / 32) < sm_count(dev) {
+        vt = 16;
+    }
+    match tuning.vt {
+        Some(t @ (16 | 32)) if fits(t) => vt = t,
+        _ => {}
+    }
+    let wide = tuning.wide && fits(32);
+    if wide {
+        vt = 32;
+    }
+    let mut cfg = Config {
+        dk: p.dk(),
+        dv,
+        vt,
+        dtype,
+        mma: !tuning.fma,
+        nbuf: if tuning.nbuf == Some(1) { 1 } else { 2 },
+        wide,
+    };
+    if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
+        cfg.nbuf = 1;
+    }
+    cfg
+}
+
+/// Device pointers of one fused forward (`0` for an absent optional one). Inputs in FLA's
+/// layouts; q, k, v in `dtype`, every other tensor f32; states K-major `[N, HV, K, V]`.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedIo {
+    /// Element type of q, k, v.
+    pub dtype: DType,
+    /// `[B, T, H, K]`.
+    pub q: u64,
+    /// `[B, T, H, K]`.
+    pub k: u64,
+    /// `[B, T, HV, V]`.
+    pub v: u64,
+    /// `[B, T, HV]` before activation.
+    pub g: u64,
+    /// `[B, T, HV]` before activation.
+    pub beta: u64,
+    /// `[HV]` with `gate_in_kernel`.
+    pub a_log: u64,
+    /// `[HV]` with `gate_in_kernel`.
+    pub dt_bias: u64,
+    /// `[N, HV, K, V]` or 0 (zeros).
+    pub h0: u64,
+    /// `[B, T, HV, V]` f32, written.
+    pub o: u64,
+    /// `[N, HV, K, V]` or 0, written.
+    pub final_state: u64,
+    /// `[chunks, HV, K, V]` or 0, written.
+    pub chunk_states: u64,
+    /// [`workspace_bytes`] bytes.
+    pub workspace: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct IntraParams {
+    q: u64,
+    k: u64,
+    g: u64,
+    beta: u64,
+    a_log: u64,
+    dt_bias: u64,
+    a_inv: u64,
+    p: u64,
+    scal: u64,
+    chunk_start: u64,
+    chunk_len: u64,
+    chunks: i64,
+    h: i64,
+    hv: i64,
+    scale: f32,
+    beta_mult: f32,
+    reset: f32,
+    tiled: i32,
+    l2norm: i32,
+    gate_in_kernel: i32,
+    beta_is_logits: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct RecParams {
+    q: u64,
+    k: u64,
+    v: u64,
+    a_inv: u64,
+    p: u64,
+    scal: u64,
+    h0: u64,
+    o: u64,
+    final_state: u64,
+    chunk_states: u64,
+    chunk_start: u64,
+    chunk_len: u64,
+    seq_first_chunk: u64,
+    seqs: i64,
+    h: i64,
+    hv: i64,
+    tiled: i32,
+}
+
+// SAFETY: plain #[repr(C)] data mirrored field by field in the .cu files, passed by value.
+unsafe impl DeviceRepr for IntraParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for RecParams {}
+
+type FnKey = (usize, &'static str, String, Config);
+
+/// The loaded function for `kernel` in this device's context, compiled on first use. The cache
+/// holds the module (and so the context) alive, so a context's address identifies it.
+fn function(dev: &CudaDevice, kernel: Kernel, cfg: &Config) -> Result<CudaFunction> {
+    static CACHE: OnceLock<Mutex<HashMap<FnKey, CudaFunction>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let ctx = dev.stream().context();
+    let key = (
+        Arc::as_ptr(ctx) as usize,
+        kernel.name(),
+        dev.arch().to_string(),
+        *cfg,
+    );
+    if let Some(f) = lock(cache)?.get(&key) {
+        return Ok(f.clone());
+    }
+    let ptx = compile(kernel, dev.arch(), cfg)?;
+    let module = ctx
+        .load_module(ptx)
+        .map_err(cuda_err(format!("loading module {}", kernel.name())))?;
+    let f = module
+        .load_function(kernel.name())
+        .map_err(cuda_err(format!("loading function {}", kernel.name())))?;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        i32::try_from(dev.max_shared_per_block()).unwrap_or(i32::MAX),
+    )
+    .map_err(cuda_err(format!(
+        "setting {}'s shared memory",
+        kernel.name()
+    )))?;
+    lock(cache)?.insert(key, f.clone());
+    Ok(f)
+}
+
+fn grid(items: usize, threads: u32, shared: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (items.clamp(1, super::stages::MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: shared as u32,
+    }
+}
+
+/// The fused forward over device pointers, queued on the device's stream: allocates nothing
+/// but the problem's chunk tables (cached per problem), never synchronises. The caller checks
+/// [`supported`] and that every pointer holds its tensor.
+pub fn forward(dev: &CudaDevice, p: &Problem, opts: &Options, io: &FusedIo) -> Result<()> {
+    forward_tuned(dev, p, opts, io, &Tuning::from_env())
+}
+
+/// [`forward`] with explicit [`Tuning`].
+pub fn forward_tuned(
+    dev: &CudaDevice,
+    p: &Problem,
+    opts: &Options,
+    io: &FusedIo,
+    tuning: &Tuning,
+) -> Result<()> {
+    if p.num_seqs() == 0 {
+        return Ok(());
+    }
+    let t = dev.tables(p)?;
+    forward_with_tables(dev, p, opts, io, tuning, t.ptrs())
+}
+
+/// [`forward_tuned`] over chunk tables the caller holds (an engine's plan uploads them once, so
+/// that a captured forward touches no cache).
+pub(crate) fn forward_with_tables(
+    dev: &CudaDevice,
+    p: &Problem,
+    opts: &Options,
+    io: &FusedIo,
+    tuning: &Tuning,
+    t: super::stages::TablePtrs,
+) -> Result<()> {
+    if !supported(dev, p, opts) {
+        return Err(Error::invalid(
+            "options",
+            "a problem the fused path supports (chunk size 64, K and V multiples of 16 up to 256)",
+            format!(
+                "chunk size {}, K = {}, V = {}",
+                opts.chunk_size,
+                p.dk(),
+                p.dv()
+            ),
+        ));
+    }
+    // The kernels stage rows with 16-byte copies.
+    for (arg, ptr) in [
+        ("q", io.q),
+        ("k", io.k),
+        ("v", io.v),
+        ("workspace", io.workspace),
+    ] {
+        if ptr % 16 != 0 {
+            return Err(Error::invalid(
+                arg,
+                "a device pointer aligned to 16 bytes",
+                format!("{ptr:#x}"),
+            ));
+        }
+    }
+    let cfg = config(dev, p, io.dtype, tuning);
+    let hv = p.v_heads();
+    let tokens = p.tokens();
+    let chunks = p.chunks().len();
+    if p.num_seqs() == 0 {
+        return Ok(());
+    }
+    let stream = dev.stream();
+    let rows = (tokens * hv) as u64;
+    let a_inv = io.workspace;
+    let pbuf = a_inv + rows * (CHUNK as u64) * 4;
+    let scal = pbuf + rows * (CHUNK as u64) * 4;
+    // Timing knob: DELTANET_FUSED_ONLY=intra or =recurrent launches one kernel alone (results
+    // then wrong), to split the forward's time between the two.
+    let only = std::env::var("DELTANET_FUSED_ONLY").unwrap_or_default();
+    if chunks > 0 && only != "recurrent" {
+        let ip = IntraParams {
+            q: io.q,
+            k: io.k,
+            g: io.g,
+            beta: io.beta,
+            a_log: io.a_log,
+            dt_bias: io.dt_bias,
+            a_inv,
+            p: pbuf,
+            scal,
+            chunk_start: t.chunks.start,
+            chunk_len: t.chunks.len,
+            chunks: chunks as i64,
+            h: p.heads() as i64,
+            hv: hv as i64,
+            scale: opts.scale_for(p.dk()),
+            beta_mult: if opts.allow_neg_eigval { 2.0 } else { 1.0 },
+            reset: RESET_LOG_DECAY,
+            tiled: i32::from(p.head_map() == crate::HeadMap::Tiled),
+            l2norm: i32::from(opts.use_qk_l2norm),
+            gate_in_kernel: i32::from(opts.gate_in_kernel),
+            beta_is_logits: i32::from(opts.beta_is_logits),
+        };
+        let f = function(dev, Kernel::ChunkIntra, &cfg)?;
+        let shared = cfg.shared_bytes(Kernel::ChunkIntra);
+        // SAFETY: one by-value argument mirrored in chunk_intra.cu; every pointer holds its
+        // tensor (the caller's contract); the shared memory is what the kernel carves.
+        unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(&ip)
+                .launch(grid(chunks * hv, THREADS, shared))
+        }
+        .map_err(cuda_err("launching chunk_intra"))?;
+    }
+    let rp = RecParams {
+        q: io.q,
+        k: io.k,
+        v: io.v,
+        a_inv,
+        p: pbuf,
+        scal,
+        h0: io.h0,
+        o: io.o,
+        final_state: io.final_state,
+        chunk_states: io.chunk_states,
+        chunk_start: t.chunks.start,
+        chunk_len: t.chunks.len,
+        seq_first_chunk: t.seq_first_chunk,
+        seqs: p.num_seqs() as i64,
+        h: p.heads() as i64,
+        hv: hv as i64,
+        tiled: i32::from(p.head_map() == crate::HeadMap::Tiled),
+    };
+    if only == "intra" {
+        return Ok(());
+    }
+    let f = function(dev, Kernel::ChunkRecurrent, &cfg)?;
+    let shared = cfg.shared_bytes(Kernel::ChunkRecurrent);
+    let items = p.num_seqs() * hv * (p.dv() / cfg.vt);
+    // SAFETY: as for chunk_intra.
+    unsafe {
+        stream.launch_builder(&f).arg(&rp).launch(grid(
+            items,
+            cfg.threads(Kernel::ChunkRecurrent),
+            shared,
+        ))
+    }
+    .map_err(cuda_err("launching chunk_recurrent"))?;
+    Ok(())
+}
+
+/// [`forward`] on f32 device buffers (the [`crate::Backend`] path), allocating the outputs and
+/// the workspace.
+pub(crate) fn forward_bufs(
+    dev: &CudaDevice,
+    p: &Problem,
+    opts: &Options,
+    x: &StageInputs<Buf>,
+) -> Result<ForwardOut<Buf>> {
+    forward_bufs_tuned(dev, p, opts, x, &Tuning::from_env())
+}
+
+/// The fused forward on f32 device buffers (as [`crate::Backend::forward`] takes it where
+/// [`supported`]) with explicit [`Tuning`], allocating the outputs and the workspace.
+pub fn forward_bufs_tuned(
+    dev: &CudaDevice,
+    p: &Problem,
+    opts: &Options,
+    x: &StageInputs<Buf>,
+    tuning: &Tuning,
+) -> Result<ForwardOut<Buf>> {
+    let (hv, dk, dv) = (p.v_heads(), p.dk(), p.dv());
+    let n = p.tokens();
+    dev.check("q", &x.q, n * p.heads() * dk)?;
+    dev.check("k", &x.k, n * p.heads() * dk)?;
+    dev.check("v", &x.v, n * hv * dv)?;
+    dev.check("g", &x.g, n * hv)?;
+    dev.check("beta", &x.beta, n * hv)?;
+    if let Some(h0) = &x.h0 {
+        dev.check("initial_state", h0, p.num_seqs() * hv * dk * dv)?;
+    }
+    if opts.gate_in_kernel {
+        let (Some(a), Some(d)) = (&x.a_log, &x.dt_bias) else {
+            return Err(Error::invalid(
+                "a_log",
+                "A_log and dt_bias with gate_in_kernel",
+                "none",
+            ));
+        };
+        dev.check("a_log", a, hv)?;
+        dev.check("dt_bias", d, hv)?;
+    }
+    let o = dev.uninit(n * hv * dv, "o")?;
+    let final_state = dev.uninit(p.num_seqs() * hv * dk * dv, "final_state")?;
+    let h = if opts.output_chunk_states {
+        Some(dev.uninit(p.chunks().len() * hv * dk * dv, "h")?)
+    } else {
+        None
+    };
+    let ws = dev.uninit(workspace_bytes(p) / 4, "the fused workspace")?;
+    let stream = dev.stream();
+    let ptr = |b: &Buf| {
+        if b.is_empty() {
+            0
+        } else {
+            b.device_ptr(stream).0
+        }
+    };
+    let opt = |b: &Option<Buf>| b.as_ref().map_or(0, ptr);
+    let io = FusedIo {
+        dtype: DType::F32,
+        q: ptr(&x.q),
+        k: ptr(&x.k),
+        v: ptr(&x.v),
+        g: ptr(&x.g),
+        beta: ptr(&x.beta),
+        a_log: opt(&x.a_log),
+        dt_bias: opt(&x.dt_bias),
+        h0: opt(&x.h0),
+        o: ptr(&o),
+        final_state: ptr(&final_state),
+        chunk_states: opt(&h),
+        workspace: ptr(&ws),
+    };
+    forward_tuned(dev, p, opts, &io, tuning)?;
+    Ok(ForwardOut { o, h, final_state })
+}
+
+/// Multiprocessor count attribute (for the tile-width choice).
+pub(crate) fn sm_count(dev: &CudaDevice) -> usize {
+    dev.stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_or(132, |n| usize::try_from(n).unwrap_or(132))
+}
+
+/// `o` f32, the final state K-major, and the chunk states if asked for.
+pub type HostResults = (Vec<f32>, Vec<f32>, Option<Vec<f32>>);
+
+/// A forward's inputs resident on the GPU in their own dtype (q, k, v as 16-bit where given so:
+/// no widening pass), with its outputs and workspace: what an engine holds between calls.
+/// [`Resident::run`] queues the fused forward only.
+pub struct Resident {
+    dev: Arc<CudaDevice>,
+    p: Problem,
+    opts: Options,
+    dtype: DType,
+    inputs: Vec<cudarc::driver::CudaSlice<u8>>,
+    o: Buf,
+    final_state: Buf,
+    h: Option<Buf>,
+    ws: cudarc::driver::CudaSlice<u8>,
+    /// The kernel choices [`Resident::run`] uses (from the environment at construction).
+    pub tuning: Tuning,
+}
+
+impl Resident {
+    /// Validates `x`, uploads it (states K-major) and allocates the outputs; `Err` when the
+    /// problem is not [`supported`].
+    pub fn new(dev: Arc<CudaDevice>, x: &crate::Inputs<'_>, opts: &Options) -> Result<Self> {
+        let p = Problem::from_inputs(x, opts)?;
+        let (dtype, inputs) = upload_native(&dev, &p, x, opts)?;
+        let (o, final_state, h) = outputs(&dev, &p, opts)?;
+        let ws = dev.zeros::<u8>(workspace_bytes(&p), "the fused workspace")?;
+        Ok(Resident {
+            dev,
+            p,
+            opts: opts.clone(),
+            dtype,
+            inputs,
+            o,
+            final_state,
+            h,
+            ws,
+            tuning: Tuning::from_env(),
+        })
+    }
+
+    /// Queues the fused forward on the device's stream.
+    pub fn run(&mut self) -> Result<()> {
+        let io = native_io(
+            &self.dev,
+            self.dtype,
+            &self.inputs,
+            &self.o,
+            &self.final_state,
+            self.h.as_ref(),
+            &self.ws,
+        );
+        forward_tuned(&self.dev, &self.p, &self.opts, &io, &self.tuning)
+    }
+
+    /// Milliseconds of device time of one [`Resident::run`] (events on the stream).
+    pub fn time_ms(&mut self) -> Result<f64> {
+        use crate::HostIo;
+        let dev = self.dev.clone();
+        dev.time_ms(&mut || self.run())
+    }
+
+    /// The results of the last run, on the host (waits for it): `o` f32, the final state
+    /// K-major, the chunk states if asked for.
+    pub fn outputs(&self) -> Result<HostResults> {
+        use crate::HostIo;
+        Ok((
+            self.dev.download(&self.o)?,
+            self.dev.download(&self.final_state)?,
+            self.h.as_ref().map(|h| self.dev.download(h)).transpose()?,
+        ))
+    }
+
+    /// The validated problem.
+    pub fn problem(&self) -> &Problem {
+        &self.p
+    }
+}
+
+/// `x` uploaded for the fused kernels: q, k, v in their own dtype (which it returns), then g,
+/// beta, A_log, dt_bias and the initial state (K-major) as f32; an absent tensor is empty.
+fn upload_native(
+    dev: &CudaDevice,
+    p: &Problem,
+    x: &crate::Inputs<'_>,
+    opts: &Options,
+) -> Result<(DType, Vec<cudarc::driver::CudaSlice<u8>>)> {
+        if !supported(dev, p, opts) {
+            return Err(Error::invalid(
+                "options",
+                "a problem the fused path supports (chunk size 64, K and V multiples of 16 up to 256)",
+                format!("chunk size {}, K = {}, V = {}", opts.chunk_size, p.dk(), p.dv()),
+            ));
+        }
+        let stream = dev.stream().clone();
+        let up = |bytes: &[u8], what: &str| -> Result<cudarc::driver::CudaSlice<u8>> {
+            if bytes.is_empty() {
+                return dev.zeros(0, what);
+            }
+            stream
+                .clone_htod(bytes)
+                .map_err(cuda_err(format!("uploading {what}")))
+        };
+        let raw = |t: &crate::Tensor<'_>, what: &str| -> Result<cudarc::driver::CudaSlice<u8>> {
+            match t.data() {
+                crate::Data::F32(d) => up(bytemuck::cast_slice(d), what),
+                crate::Data::BF16(d) => up(bytemuck::cast_slice(d), what),
+                crate::Data::F16(d) => up(bytemuck::cast_slice(d), what),
+            }
+        };
+        let f32s = |t: &crate::Tensor<'_>, what: &str| up(bytemuck::cast_slice(&t.to_f32()), what);
+        let dtype = x.q.dtype();
+        if x.k.dtype() != dtype || x.v.dtype() != dtype {
+            return Err(Error::invalid(
+                "k",
+                format!("q, k and v of one dtype ({dtype})"),
+                format!("k {}, v {}", x.k.dtype(), x.v.dtype()),
+            ));
+        }
+        let mut inputs = vec![
+            raw(&x.q, "q")?,
+            raw(&x.k, "k")?,
+            raw(&x.v, "v")?,
+            f32s(&x.g, "g")?,
+            f32s(&x.beta, "beta")?,
+        ];
+        let absent = dev.zeros::<u8>(0, "nothing")?;
+        inputs.push(match &x.a_log {
+            Some(t) => f32s(t, "A_log")?,
+            None => absent.clone(),
+        });
+        inputs.push(match &x.dt_bias {
+            Some(t) => f32s(t, "dt_bias")?,
+            None => absent.clone(),
+        });
+        inputs.push(match &x.initial_state {
+            Some(s) if opts.state_v_first => up(
+                bytemuck::cast_slice(&crate::host::transpose_states(&s.to_f32(), p.dk(), p.dv(), false)),
+                "initial_state",
+            )?,
+            Some(s) => f32s(s, "initial_state")?,
+            None => absent,
+        });
+    Ok((dtype, inputs))
+}
+
+/// Device buffers for `o`, the final state and (with `output_chunk_states`) the chunk states.
+fn outputs(dev: &CudaDevice, p: &Problem, opts: &Options) -> Result<(Buf, Buf, Option<Buf>)> {
+    let (hv, kv) = (p.v_heads(), p.dk() * p.dv());
+    let o = dev.uninit(p.tokens() * hv * p.dv(), "o")?;
+    let final_state = dev.uninit(p.num_seqs() * hv * kv, "final_state")?;
+    let h = if opts.output_chunk_states {
+        Some(dev.uninit(p.chunks().len() * hv * kv, "h")?)
+    } else {
+        None
+    };
+    Ok((o, final_state, h))
+}
+
+/// The addresses of [`upload_native`]'s inputs and of the outputs and workspace (0 where empty).
+fn native_io(
+    dev: &CudaDevice,
+    dtype: DType,
+    inputs: &[cudarc::driver::CudaSlice<u8>],
+    o: &Buf,
+    final_state: &Buf,
+    h: Option<&Buf>,
+    ws: &cudarc::driver::CudaSlice<u8>,
+) -> FusedIo {
+    let stream = dev.stream();
+    let ptr8 = |b: &cudarc::driver::CudaSlice<u8>| {
+        if b.is_empty() {
+            0
+        } else {
+            b.device_ptr(stream).0
+        }
+    };
+    let ptr = |b: &Buf| {
+        if b.is_empty() {
+            0
+        } else {
+            b.device_ptr(stream).0
+        }
+    };
+    FusedIo {
+        dtype,
+        q: ptr8(&inputs[0]),
+        k: ptr8(&inputs[1]),
+        v: ptr8(&inputs[2]),
+        g: ptr8(&inputs[3]),
+        beta: ptr8(&inputs[4]),
+        a_log: ptr8(&inputs[5]),
+        dt_bias: ptr8(&inputs[6]),
+        h0: ptr8(&inputs[7]),
+        o: ptr(o),
+        final_state: ptr(final_state),
+        chunk_states: h.map_or(0, ptr),
+        workspace: ptr8(ws),
+    }
+}
+
+/// What `crate::forward` runs on a GPU where [`supported`]: inputs uploaded in their own dtype,
+/// the fused forward, results left on the device.
+pub(crate) fn forward_host(
+    dev: &CudaDevice,
+    p: &Problem,
+    x: &crate::Inputs<'_>,
+    opts: &Options,
+) -> Result<ForwardOut<Buf>> {
+    let (dtype, inputs) = upload_native(dev, p, x, opts)?;
+    let (o, final_state, h) = outputs(dev, p, opts)?;
+    let ws = dev.zeros::<u8>(workspace_bytes(p), "the fused workspace")?;
+    let io = native_io(dev, dtype, &inputs, &o, &final_state, h.as_ref(), &ws);
+    forward(dev, p, opts, &io)?;
+    Ok(ForwardOut { o, h, final_state })
+}

@@ -1,0 +1,201 @@
+// chunk_intra: everything of one chunk that does not need the state, one block of 256 threads
+// per (chunk, value head). Equals, for that chunk: l2norm (of q and k, as row scalings) + gate +
+// cumsum + kkt + solve_tril, plus the masked, decayed q k^T block of chunk_output, and the row
+// scalings the recurrent kernel applies. It writes (per token row i, value head j):
+//   a_inv[i, :] = A_inv[i, :] diag(beta)          (64 f32; A_inv = (I + A_strict)^-1)
+//   p[i, :]     = scale rq_i (q_i . k_l) rk_l D_il for l <= i, else 0      (64 f32)
+//   scal[i]     = { d_i rk_i, scale rq_i d_i, rk_i D_last,i, d_i }          (4 f32)
+// with rk, rq = 1/|k|, 1/|q| (or 1 without l2norm), d_i the decay from the chunk start to i and
+// D_il from l to i (Gamma's semantics: exp of differences of gamma + lo, 0 across a reset).
+// Why so: w = A_inv (beta d k_hat) and u = A_inv (beta v) are never formed. The recurrent kernel
+// computes v_new = a_inv (v - diag(d rk) K h), the same value with 64 instead of K + V values
+// per token written here, and K h needs the keys it reads anyway.
+// The two K-wide products (K K^T, Q K^T) run on the tensor cores on the raw inputs (one pass for
+// bf16/f16, three for f32, see warp_mma); the norms and decays are applied to their results.
+// The 64 x 64 tri-solve is f32 FMA: 16 x 16 diagonal blocks by substitution, then block rows.
+#define THREADS 256
+#define C 64
+#define SK STRIDE_A(DK, sizeof(in_t))
+#define SA_ STRIDE_A(C, 4)
+
+struct IntraParams {
+    u64 q, k, g, beta, a_log, dt_bias;  // inputs: [tokens, H, K] x2 (in_t), [tokens, HV] f32 x2, [HV] x2
+    u64 a_inv, p, scal;                 // outputs: [tokens, HV, 64] x2, [tokens, HV, 4] f32
+    u64 chunk_start, chunk_len;         // i64 [chunks]
+    i64 chunks, h, hv;
+    float scale, beta_mult, reset;
+    int tiled, l2norm, gate_in_kernel, beta_is_logits;
+};
+
+__device__ __forceinline__ float softplus_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraParams P) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float* As = (float*)smem_raw;          // [C][SA_] A_strict
+    float* Xs = As + C * SA_;              // [C][SA_] A_inv
+    float* Tm = Xs + C * SA_;              // [3][16][16] block-row temporaries
+    float* gam = Tm + 3 * 256;             // [C] each below
+    float* lo = gam + C;
+    float* seg = lo + C;
+    float* bet = seg + C;
+    float* rk = bet + C;
+    float* rq = rk + C;
+    float* dd = rq + C;
+    in_t* Ks = (in_t*)(dd + C);            // [C][SK]
+    in_t* Qs = Ks + C * SK;                // [C][SK]
+
+    const in_t* __restrict__ q = (const in_t*)P.q;
+    const in_t* __restrict__ k = (const in_t*)P.k;
+    const float* __restrict__ g = (const float*)P.g;
+    const float* __restrict__ beta = (const float*)P.beta;
+    const i64* __restrict__ chunk_start = (const i64*)P.chunk_start;
+    const i64* __restrict__ chunk_len = (const i64*)P.chunk_len;
+    float* __restrict__ a_inv = (float*)P.a_inv;
+    float* __restrict__ pout = (float*)P.p;
+    float* __restrict__ scal = (float*)P.scal;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const i64 hv = P.hv;
+
+    BLOCK_LOOP(item, P.chunks * hv) {
+        const i64 c = item / hv, j = item % hv;
+        const i64 kh = qk_head(j, P.h, hv, P.tiled);
+        const i64 start = chunk_start[c];
+        const int len = (int)chunk_len[c];
+        __syncthreads();
+        // 1. Gate and beta activations (as the gate stage), zeroed matrices, q and k rows.
+        if (tid < C) {
+            float ge = 0.0f, be = 0.0f;
+            if (tid < len) {
+                const i64 t = (start + tid) * hv + j;
+                const float x = g[t], b = beta[t];
+                ge = P.gate_in_kernel
+                         ? -expf(((const float*)P.a_log)[j]) * softplus_(x + ((const float*)P.dt_bias)[j])
+                         : x;
+                be = P.beta_is_logits ? P.beta_mult / (1.0f + expf(-b)) : b;
+            }
+            gam[tid] = ge;
+            bet[tid] = be;
+        }
+        for (int e = tid; e < C * SA_; e += THREADS) {
+            As[e] = 0.0f;
+            Xs[e] = 0.0f;
+        }
+        stage_rows<in_t, DK>(Ks, SK, k + (start * P.h + kh) * DK, P.h * DK, len);
+        stage_rows<in_t, DK>(Qs, SK, q + (start * P.h + kh) * DK, P.h * DK, len);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        // 2. gamma = cumsum(g), restarted after a hard reset; lo its TwoSum error (as cumsum.cu).
+        if (tid == 0) {
+            float acc = 0.0f, err = 0.0f, resets = 0.0f;
+            for (int i = 0; i < len; ++i) {
+                const float x = gam[i];
+                if (x < P.reset) {
+                    acc = 0.0f;
+                    err = 0.0f;
+                    resets += 1.0f;
+                } else {
+                    const float s = acc + x, b = s - acc;
+                    err += (acc - (s - b)) + (x - b);
+                    acc = s;
+                }
+                gam[i] = acc;
+                lo[i] = err;
+                seg[i] = resets;
+            }
+        }
+        // 3. Row norms of k and q, one warp per row.
+        for (int i = warp; i < C; i += THREADS / 32) {
+            float sk = 0.0f, sq = 0.0f;
+            for (int d = lane; d < DK; d += 32) {
+                const float a = to_f(Ks[i * SK + d]), b = to_f(Qs[i * SK + d]);
+                sk = fmaf(a, a, sk);
+                sq = fmaf(b, b, sq);
+            }
+            sk = warp_sum(sk);
+            sq = warp_sum(sq);
+            if (lane == 0) {
+                rk[i] = P.l2norm ? 1.0f / sqrtf(sk + 1e-6f) : 1.0f;
+                rq[i] = P.l2norm ? 1.0f / sqrtf(sq + 1e-6f) : 1.0f;
+            }
+        }
+        __syncthreads();
+        if (tid < C) dd[tid] = tid < len ? decay0(gam[tid], lo[tid], seg[tid]) : 0.0f;
+        // 4. K K^T and Q K^T on the tensor cores: warp w owns rows 16 (w / 2) .., columns
+        //    32 (w % 2) .. + 31 (four 16 x 8 tiles); tiles wholly above the diagonal stay zero.
+        {
+            const int rb = (warp >> 1) * 16, cb = (warp & 1) * 32;
+            float sk[4][4], sq[4][4];
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sk[a][e] = sq[a][e] = 0.0f;
+            if (cb <= rb + 15) {
+                auto kt = [&](int kk, int n) { return to_f(Ks[(cb + n) * SK + kk]); };
+                warp_mma<SPLIT_IN, SPLIT_IN, 4, DK>(
+                    sk, [&](int m, int kk) { return to_f(Ks[(rb + m) * SK + kk]); }, kt);
+                warp_mma<SPLIT_IN, SPLIT_IN, 4, DK>(
+                    sq, [&](int m, int kk) { return to_f(Qs[(rb + m) * SK + kk]); }, kt);
+            }
+            __syncthreads();  // dd, gam of every row are visible below
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = rb + frag_row(e), l = cb + 8 * a + frag_col(e);
+                    const bool valid = r < len && l <= r;
+                    const float dec = valid ? decay(gam[r], lo[r], seg[r], gam[l], lo[l], seg[l]) : 0.0f;
+                    if (valid && l < r) As[r * SA_ + l] = bet[r] * rk[r] * rk[l] * sk[a][e] * dec;
+                    if (r < len)
+                        pout[((start + r) * hv + j) * C + l] =
+                            valid ? P.scale * rq[r] * rk[l] * sq[a][e] * dec : 0.0f;
+                }
+        }
+        __syncthreads();
+        // 5. A_inv = (I + A_strict)^-1. Diagonal 16 x 16 blocks by forward substitution, one
+        //    thread per (block, column).
+        if (tid < C) {
+            const int b0 = (tid >> 4) * 16, cc = tid & 15;
+            for (int r = cc; r < 16; ++r) {
+                float x = r == cc ? 1.0f : 0.0f;
+                for (int m = cc; m < r; ++m)
+                    x = fmaf(-As[(b0 + r) * SA_ + b0 + m], Xs[(b0 + m) * SA_ + b0 + cc], x);
+                Xs[(b0 + r) * SA_ + b0 + cc] = x;
+            }
+        }
+        __syncthreads();
+        // Block row bi: X_{bi,bj} = -X_{bi,bi} sum_{bj <= bk < bi} A_{bi,bk} X_{bk,bj}.
+        for (int bi = 1; bi < 4; ++bi) {
+            for (int e = tid; e < bi * 256; e += THREADS) {
+                const int bj = e >> 8, r = (e >> 4) & 15, cc = e & 15;
+                float x = 0.0f;
+                for (int m = bj * 16; m < bi * 16; ++m)
+                    x = fmaf(As[(bi * 16 + r) * SA_ + m], Xs[m * SA_ + bj * 16 + cc], x);
+                Tm[e] = x;
+            }
+            __syncthreads();
+            for (int e = tid; e < bi * 256; e += THREADS) {
+                const int bj = e >> 8, r = (e >> 4) & 15, cc = e & 15;
+                float x = 0.0f;
+                for (int m = 0; m <= r; ++m)
+                    x = fmaf(Xs[(bi * 16 + r) * SA_ + bi * 16 + m], Tm[(bj << 8) + m * 16 + cc], x);
+                Xs[(bi * 16 + r) * SA_ + bj * 16 + cc] = -x;
+            }
+            __syncthreads();
+        }
+        // 6. a_inv diag(beta) and the row scalings, valid rows only (beta is 0 past len).
+        for (int e = tid; e < len * C; e += THREADS) {
+            const int r = e / C, l = e % C;
+            a_inv[((start + r) * hv + j) * C + l] = Xs[r * SA_ + l] * bet[l];
+        }
+        if (tid < len) {
+            const int last = len - 1;
+            const float dl = decay(gam[last], lo[last], seg[last], gam[tid], lo[tid], seg[tid]);
+            float* s = scal + ((start + tid) * hv + j) * 4;
+            s[0] = dd[tid] * rk[tid];
+            s[1] = P.scale * rq[tid] * dd[tid];
+            s[2] = rk[tid] * dl;
+            s[3] = dd[tid];
+        }
+    }
+}

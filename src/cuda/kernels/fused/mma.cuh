@@ -1,0 +1,218 @@
+// Shared by the fused kernels (prepended after common.cuh): input element types, the exact
+// tensor-core product, and the warp-level tile product every fused kernel is built from.
+//
+// Compile-time constants: IN_T (0 f32, 1 bf16, 2 f16: the dtype q, k, v are read in), DK, DV,
+// FUSED_MMA (1: tensor cores; 0: the same tile products in plain f32 FMA, a slow cross-check).
+typedef unsigned long long u64;
+
+#if IN_T == 0
+typedef float in_t;
+__device__ __forceinline__ float to_f(float x) { return x; }
+#define SPLIT_IN 1
+#elif IN_T == 1
+typedef unsigned short in_t;
+// bf16 is the top half of an f32.
+__device__ __forceinline__ float to_f(unsigned short x) { return __uint_as_float(((unsigned)x) << 16); }
+#define SPLIT_IN 0
+#else
+typedef unsigned short in_t;
+__device__ __forceinline__ float to_f(unsigned short x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    return f;
+}
+#define SPLIT_IN 0
+#endif
+// SPLIT_IN: whether an input value needs the hi + lo split to be exact in TF32. bf16 (8
+// significant bits) and f16 (11, exponent range inside f32's) are exact in TF32 (11 bits); f32
+// is not.
+
+// x = hi + lo with hi, lo both TF32 (11 significant bits each): hi is x rounded to TF32, lo the
+// rounded remainder, so hi + lo carries 22 of x's 24 bits (relative error <= 2^-22).
+__device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
+    unsigned h;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(h) : "f"(x));
+    h &= 0xffffe000u;
+    const float r = x - __uint_as_float(h);  // exact: x and hi share the leading bits
+    unsigned l;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(l) : "f"(r));
+    hi = h;
+    lo = l & 0xffffe000u;
+}
+
+// c += a b on the tensor cores: a 16x8 (row), b 8x8 (col), TF32 operands, f32 accumulate.
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4],
+                                         const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The C fragment of m16n8: element e of a lane is at row frag_row(e), column frag_col(e) of the
+// 16x8 tile.
+__device__ __forceinline__ int frag_row(int e) { return ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
+__device__ __forceinline__ int frag_col(int e) { return 2 * (threadIdx.x & 3) + (e & 1); }
+
+// One warp: acc[j] += A (16 x KD) B (KD x 8 columns 8j .. 8j+7), for j < NT. a_at(m, k) and
+// b_at(k, n) return the operands as f32 (m < 16, n < 8 NT, k < KD). SA / SB: whether A / B
+// need the TF32 split (f32 values) or are exact in TF32 (bf16/f16 inputs). Products:
+// exact x exact one pass; exact x split two (x hi, x lo); split x split three (hi hi, hi lo,
+// lo hi; lo lo is below 2^-22 relative). The small terms go first into the accumulator.
+template <int SA, int SB, int NT, int KD, typename FA, typename FB>
+__device__ __forceinline__ void warp_mma(float (&acc)[NT][4], FA a_at, FB b_at) {
+#if FUSED_MMA
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll 2
+    for (int k0 = 0; k0 < KD; k0 += 8) {
+        const float af[4] = {a_at(g, k0 + t), a_at(g + 8, k0 + t), a_at(g, k0 + t + 4),
+                             a_at(g + 8, k0 + t + 4)};
+        unsigned ah[4], al[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if (SA) split_tf32(af[e], ah[e], al[e]);
+            else ah[e] = __float_as_uint(af[e]);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const float bf[2] = {b_at(k0 + t, 8 * j + g), b_at(k0 + t + 4, 8 * j + g)};
+            unsigned bh[2], bl[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                if (SB) split_tf32(bf[e], bh[e], bl[e]);
+                else bh[e] = __float_as_uint(bf[e]);
+            }
+            if (SA && SB) {
+                mma_tf32(acc[j], ah, bl);
+                mma_tf32(acc[j], al, bh);
+            } else if (SA) {
+                mma_tf32(acc[j], al, bh);
+            } else if (SB) {
+                mma_tf32(acc[j], ah, bl);
+            }
+            mma_tf32(acc[j], ah, bh);
+        }
+    }
+#else
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int m = frag_row(e), n = 8 * j + frag_col(e);
+            float x = acc[j][e];
+            for (int k = 0; k < KD; ++k) x = fmaf(a_at(m, k), b_at(k, n), x);
+            acc[j][e] = x;
+        }
+#endif
+}
+
+// Row stride (elements) of a shared [rows][cols] tile read as an A operand (lanes read rows g,
+// columns t): 4 words past a multiple of 32 banks for 4-byte elements, 8 halves for 2-byte ones,
+// so the 32 lanes hit distinct banks.
+#define STRIDE_A(cols, bytes) ((cols) + ((bytes) == 4 ? 4 : 8))
+// Row stride of a tile read as a B operand (lanes read rows t, columns g): 8 words past.
+#define STRIDE_B(cols) ((cols) + 8)
+
+// 16 bytes global -> shared without passing through registers (cp.async, sm_80+); `valid`
+// false writes 16 zero bytes instead (rows past a chunk's end). Both addresses 16-byte aligned.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    unsigned long long s;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)s), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most `n` of this thread's committed groups are still in flight.
+template <int n>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory"); }
+
+// Copies rows [0, 64) x `cols` elements of a row-major global matrix (row i at src + i *
+// src_stride, 16-byte aligned) into shared rows of `dst_stride` elements; rows >= len are zero.
+template <typename T, int cols>
+__device__ __forceinline__ void stage_rows(T* dst, int dst_stride, const T* src, i64 src_stride,
+                                           int len) {
+    constexpr int per_row = cols * (int)sizeof(T) / 16;
+    for (int e = threadIdx.x; e < 64 * per_row; e += blockDim.x) {
+        const int i = e / per_row, piece = e % per_row;
+        const int off = piece * (16 / (int)sizeof(T));
+        const bool valid = i < len;
+        cp_async16(dst + i * dst_stride + off, valid ? src + i * src_stride + off : src, valid);
+    }
+}
+
+// warp_mma for NA (1 or 2) A operands sharing one B operand (its fragments loaded and split
+// once), with two accumulator sets for alternate k steps so that consecutive tensor-core
+// products do not wait on each other; the sets are added at the end.
+template <int SA, int SB, int NT, int KD, int NA, typename FA0, typename FA1, typename FB>
+__device__ __forceinline__ void warp_mma_x(float (&acc)[NA][NT][4], FA0 a_at0, FA1 a_at1,
+                                           FB b_at) {
+#if FUSED_MMA
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float odd[NA][NT][4];
+#pragma unroll
+    for (int x = 0; x < NA; ++x)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) odd[x][j][e] = 0.0f;
+#pragma unroll 1
+    for (int k00 = 0; k00 < KD; k00 += 16)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int k0 = k00 + 8 * half;
+        unsigned ah[NA][4], al[NA][4];
+#pragma unroll
+        for (int x = 0; x < NA; ++x) {
+            float af[4];
+            if (x == 0) {
+                af[0] = a_at0(g, k0 + t); af[1] = a_at0(g + 8, k0 + t);
+                af[2] = a_at0(g, k0 + t + 4); af[3] = a_at0(g + 8, k0 + t + 4);
+            } else {
+                af[0] = a_at1(g, k0 + t); af[1] = a_at1(g + 8, k0 + t);
+                af[2] = a_at1(g, k0 + t + 4); af[3] = a_at1(g + 8, k0 + t + 4);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (SA) split_tf32(af[e], ah[x][e], al[x][e]);
+                else ah[x][e] = __float_as_uint(af[e]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const float bf[2] = {b_at(k0 + t, 8 * j + g), b_at(k0 + t + 4, 8 * j + g)};
+            unsigned bh[2], bl[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                if (SB) split_tf32(bf[e], bh[e], bl[e]);
+                else bh[e] = __float_as_uint(bf[e]);
+            }
+#pragma unroll
+            for (int x = 0; x < NA; ++x) {
+                float(&c)[4] = half ? odd[x][j] : acc[x][j];
+                const unsigned(&a_h)[4] = ah[x];
+                const unsigned(&a_l)[4] = al[x];
+                if (SA && SB) {
+                    mma_tf32(c, a_h, bl);
+                    mma_tf32(c, a_l, bh);
+                } else if (SA) {
+                    mma_tf32(c, a_l, bh);
+                } else if (SB) {
+                    mma_tf32(c, a_h, bl);
+                }
+                mma_tf32(c, a_h, bh);
+            }
+        }
+    }
+#pragma unroll
+    for (int x = 0; x < NA; ++x)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[x][j][e] += odd[x][j][e];
+#else
+    warp_mma<SA, SB, NT, KD>(acc[0], a_at0, b_at);
+    if (NA > 1) warp_mma<SA, SB, NT, KD>(acc[NA - 1], a_at1, b_at);
+#endif
+}

@@ -1,0 +1,322 @@
+//! The fused GPU prefill against the stage path and the float64 oracle, on random problems of
+//! every option (varlen with empty sequences, both head maps, initial state, both state layouts,
+//! l2norm, beta logits with and without negative eigenvalues, gate in kernel, hard resets,
+//! chunk states, f32/bf16/f16 inputs). Skips, saying so, where no GPU can be used.
+
+use std::sync::Arc;
+
+use deltanet::cuda::fused;
+use deltanet::cuda::CudaDevice;
+use deltanet::reference::{reference, rel_l2};
+use deltanet::selftest::Rng;
+use deltanet::{
+    chunk_forward, forward, upload_inputs, DType, Device, HeadMap, HostIo, Inputs, Options,
+    Problem, Tensor,
+};
+
+fn pick<T: Copy>(r: &mut Rng, xs: &[T]) -> T {
+    xs[r.int(0, xs.len() - 1)]
+}
+
+fn unit_rows(mut x: Vec<f32>, dim: usize) -> Vec<f32> {
+    for row in x.chunks_mut(dim) {
+        let n = row.iter().map(|a| a * a).sum::<f32>().sqrt().max(1e-12);
+        row.iter_mut().for_each(|a| *a /= n);
+    }
+    x
+}
+
+/// A random problem the fused path supports (chunk size 64, K and V multiples of 16).
+fn case(seed: u64) -> (String, Inputs<'static>, Options) {
+    let mut r = Rng::new(seed);
+    let varlen = r.chance(0.35);
+    let b = if varlen { 1 } else { r.int(1, 2) };
+    let t = if r.chance(0.2) {
+        r.int(1, 70)
+    } else {
+        r.int(1, 400)
+    };
+    let h = r.int(1, 2);
+    let hv = h * r.int(1, 3);
+    let dk = pick(&mut r, &[16, 32, 64, 128, 128, 256]);
+    let dv = pick(&mut r, &[16, 32, 48, 64, 128, 128, 256]);
+    let dtype = pick(&mut r, &[DType::F32, DType::BF16, DType::F16]);
+    let beta_is_logits = r.chance(0.4);
+    let gate_in_kernel = r.chance(0.25);
+    let opts = Options {
+        scale: if r.chance(0.3) {
+            Some(r.range(0.05, 1.0))
+        } else {
+            None
+        },
+        use_qk_l2norm: r.chance(0.5),
+        beta_is_logits,
+        allow_neg_eigval: beta_is_logits && r.chance(0.5),
+        gate_in_kernel,
+        state_v_first: r.chance(0.3),
+        chunk_size: 64,
+        head_map: if r.chance(0.5) {
+            HeadMap::Grouped
+        } else {
+            HeadMap::Tiled
+        },
+        output_final_state: true,
+        output_chunk_states: r.chance(0.3),
+        out_dtype: Some(DType::F32),
+    };
+    let cu: Option<Vec<i64>> = varlen.then(|| {
+        let n = r.int(1, 5);
+        let mut cuts: Vec<i64> = (0..n - 1)
+            .map(|_| match r.int(0, 4) {
+                0 => 0,
+                1 => t as i64,
+                _ => r.int(0, t) as i64,
+            })
+            .collect();
+        cuts.push(0);
+        cuts.push(t as i64);
+        cuts.sort_unstable();
+        cuts
+    });
+    let n_seqs = cu.as_ref().map_or(b, |c| c.len() - 1);
+    let tok = b * t;
+    let mut q = r.normal(tok * h * dk, 1.0);
+    let mut k = r.normal(tok * h * dk, 1.0);
+    if !opts.use_qk_l2norm {
+        q = unit_rows(q, dk);
+        k = unit_rows(k, dk);
+    }
+    let v = r.normal(tok * hv * dv, 1.0);
+    let strong = !gate_in_kernel && r.chance(0.2);
+    let mut g: Vec<f32> = if gate_in_kernel {
+        r.normal(tok * hv, 1.5)
+    } else {
+        (0..tok * hv)
+            .map(|_| {
+                let x = r.range(-6.0, 1.5);
+                -(if strong { 8.0 } else { 1.0 }) * (x.exp().ln_1p())
+            })
+            .collect()
+    };
+    let resets = !gate_in_kernel && r.chance(0.3);
+    if resets {
+        for x in g.iter_mut() {
+            if r.chance(0.02) {
+                *x = if r.chance(0.5) {
+                    f32::NEG_INFINITY
+                } else {
+                    -1e4
+                };
+            }
+        }
+    }
+    let beta: Vec<f32> = if beta_is_logits {
+        r.normal(tok * hv, 2.0)
+    } else {
+        (0..tok * hv).map(|_| r.range(0.0, 1.0)).collect()
+    };
+    let shape = if opts.state_v_first {
+        vec![n_seqs, hv, dv, dk]
+    } else {
+        vec![n_seqs, hv, dk, dv]
+    };
+    let h0 = r
+        .chance(0.5)
+        .then(|| Tensor::from_f32(r.normal(n_seqs * hv * dk * dv, 0.3), shape).unwrap());
+    let (a_log, dt_bias) = if gate_in_kernel {
+        let a: Vec<f32> = (0..hv).map(|_| r.range(-2.0, 1.0)).collect();
+        (
+            Some(Tensor::from_f32(a, vec![hv]).unwrap()),
+            Some(Tensor::from_f32(r.normal(hv, 1.0), vec![hv]).unwrap()),
+        )
+    } else {
+        (None, None)
+    };
+    let name = format!(
+        "seed {seed}: B={b} T={t} H={h} HV={hv} K={dk} V={dv} {dtype:?} cu={cu:?} {:?} h0={} \
+         resets={resets} strong={strong}",
+        opts,
+        h0.is_some()
+    );
+    let x = Inputs {
+        q: Tensor::cast_from_f32(&q, vec![b, t, h, dk], dtype).unwrap(),
+        k: Tensor::cast_from_f32(&k, vec![b, t, h, dk], dtype).unwrap(),
+        v: Tensor::cast_from_f32(&v, vec![b, t, hv, dv], dtype).unwrap(),
+        g: Tensor::from_f32(g, vec![b, t, hv]).unwrap(),
+        beta: Tensor::from_f32(beta, vec![b, t, hv]).unwrap(),
+        initial_state: h0,
+        cu_seqlens: cu,
+        a_log,
+        dt_bias,
+    };
+    (name, x, opts)
+}
+
+/// The automatic choice and every explicit kernel variant.
+fn tunings() -> Vec<fused::Tuning> {
+    use fused::Tuning;
+    vec![
+        Tuning::default(),
+        Tuning {
+            vt: Some(32),
+            ..Tuning::default()
+        },
+        Tuning {
+            vt: Some(16),
+            nbuf: Some(1),
+            ..Tuning::default()
+        },
+        Tuning {
+            wide: true,
+            ..Tuning::default()
+        },
+        Tuning {
+            fma: true,
+            ..Tuning::default()
+        },
+    ]
+}
+
+fn to64(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&a| a as f64).collect()
+}
+
+#[test]
+fn fused_equals_stages_and_oracle_on_every_option_or_skip_without_gpu() {
+    let dev = match CudaDevice::new(0) {
+        Ok(d) => Arc::new(d),
+        Err(e) => {
+            eprintln!("SKIPPED: no usable GPU ({e})");
+            return;
+        }
+    };
+    let cases: u64 = std::env::var("DELTANET_FUSED_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let device = Device::Cuda(dev.clone());
+    let mut worst = [0f64; 4];
+    let mut fused_runs = 0;
+    for seed in 0..cases {
+        let (name, x, opts) = case(seed);
+        let p = Problem::from_inputs(&x, &opts).unwrap();
+        if !fused::supported(&dev, &p, &opts) {
+            eprintln!("not fused (stage path): {name}");
+            continue;
+        }
+        fused_runs += 1;
+        let si = upload_inputs(dev.as_ref(), &p, &x, &opts).unwrap();
+        let s = chunk_forward(dev.as_ref(), &p, &opts, &si).unwrap();
+        let so = dev.download(&s.o).unwrap();
+        let sf = dev.download(&s.final_state).unwrap();
+        let sh = s.h.as_ref().map(|h| dev.download(h).unwrap());
+        let (so64, sf64) = (to64(&so), to64(&sf));
+        let sh64 = sh.as_ref().map(|h| to64(h));
+        // Every kernel variant, on f32 device inputs (the Backend path) and on inputs resident
+        // in their own dtype, against the stage path.
+        for tuning in tunings() {
+            let f = fused::forward_bufs_tuned(&dev, &p, &opts, &si, &tuning).unwrap();
+            let mut r = fused::Resident::new(dev.clone(), &x, &opts).unwrap();
+            r.tuning = tuning;
+            r.run().unwrap();
+            let (ro, rf, rh) = r.outputs().unwrap();
+            let runs = [
+                (
+                    "f32 on device",
+                    dev.download(&f.o).unwrap(),
+                    dev.download(&f.final_state).unwrap(),
+                    f.h.as_ref().map(|h| dev.download(h).unwrap()),
+                ),
+                ("own dtype", ro, rf, rh),
+            ];
+            for (what, fo, ff, fh) in runs {
+                assert!(
+                    fo.iter().all(|a| a.is_finite()),
+                    "{name} {tuning:?} {what}: non-finite o"
+                );
+                let e_o = rel_l2(&fo, &so64);
+                let e_f = rel_l2(&ff, &sf64);
+                let e_h = match (&fh, &sh64) {
+                    (Some(a), Some(b)) => rel_l2(a, b),
+                    _ => 0.0,
+                };
+                for (w, e) in worst.iter_mut().zip([e_o, e_f, e_h]) {
+                    *w = w.max(if e.is_nan() { f64::INFINITY } else { e });
+                }
+                assert!(
+                    e_o <= 1e-5 && e_f <= 1e-5 && e_h <= 1e-5,
+                    "{name} {tuning:?} {what}: fused vs stages o {e_o:.2e} final {e_f:.2e} \
+                     chunk states {e_h:.2e}"
+                );
+            }
+        }
+        // The whole front door (uploads, fused forward, layouts) against float64.
+        let out = forward(&device, &x, &opts).unwrap();
+        let rf = reference(&x, &opts).unwrap();
+        let e_ref = rel_l2(&out.o.to_f32(), &rf.o).max(rel_l2(
+            &out.final_state.as_ref().unwrap().to_f32(),
+            &rf.final_state,
+        ));
+        worst[3] = worst[3].max(if e_ref.is_nan() { f64::INFINITY } else { e_ref });
+        assert!(
+            e_ref <= 1e-5,
+            "{name}: fused (own dtype) vs float64 {e_ref:.2e}"
+        );
+    }
+    eprintln!(
+        "{fused_runs} fused cases on {}: worst relative L2 fused vs stages o {:.2e} final state \
+         {:.2e} chunk states {:.2e}; fused vs float64 {:.2e}",
+        dev.name(),
+        worst[0],
+        worst[1],
+        worst[2],
+        worst[3]
+    );
+    assert!(fused_runs > cases / 2, "too few cases took the fused path");
+}
+
+/// Device time of the fused forward with inputs resident in their own dtype (what `bench`
+/// cannot show: its inputs are f32 on the device). Shapes from DELTANET_FUSED_TIME
+/// ("B,T,H,HV,K,V;..."), bf16 inputs, 2 warm-up and 20 timed runs, medians printed.
+#[test]
+#[ignore = "timing; run with --ignored on a GPU"]
+fn fused_time_resident_bf16() {
+    let dev = match CudaDevice::new(0) {
+        Ok(d) => Arc::new(d),
+        Err(e) => {
+            eprintln!("SKIPPED: no usable GPU ({e})");
+            return;
+        }
+    };
+    let shapes = std::env::var("DELTANET_FUSED_TIME").unwrap_or("1,32768,16,32,128,128".into());
+    for s in shapes.split(';') {
+        let d: Vec<usize> = s.split(',').map(|x| x.trim().parse().unwrap()).collect();
+        let mut rng = Rng::new(1);
+        let x = deltanet::selftest::layer_inputs(
+            &mut rng,
+            [d[0], d[1], d[2], d[3], d[4], d[5]],
+            DType::BF16,
+            false,
+        )
+        .unwrap();
+        let opts = Options {
+            output_final_state: true,
+            ..Options::default()
+        };
+        let mut r = fused::Resident::new(dev.clone(), &x, &opts).unwrap();
+        for _ in 0..2 {
+            r.run().unwrap();
+        }
+        let mut t: Vec<f64> = (0..20).map(|_| r.time_ms().unwrap()).collect();
+        t.sort_by(f64::total_cmp);
+        let (o, _, _) = r.outputs().unwrap();
+        assert!(o.iter().all(|a| a.is_finite()));
+        println!(
+            "fused resident bf16 {s}: median {:.3} ms (min {:.3}, max {:.3}) on {}",
+            t[t.len() / 2],
+            t[0],
+            t[t.len() - 1],
+            dev.name()
+        );
+    }
+}
