@@ -33,6 +33,7 @@ struct ReadmeDoctests;
 mod backend;
 pub mod cpu;
 pub mod cuda;
+pub mod decode;
 mod dtype;
 mod error;
 mod forward;
@@ -44,6 +45,7 @@ pub mod reference;
 pub mod selftest;
 
 pub use backend::{Backend, ChunkStates, Gamma, StageInputs, Wy, RESET_LOG_DECAY};
+pub use decode::{decode_step, DecodeOutput, Indices, StateIndices};
 pub use dtype::{DType, Data, Tensor};
 pub use error::{Error, Result};
 pub use forward::{activate, chunk_forward, Activated, ForwardOut};
@@ -161,6 +163,10 @@ pub fn recurrent_step(
                 opts.state_v_first,
                 scale,
             )?
+        }
+        // One launch of the decode kernel, the state as a pool of N rows.
+        Device::Cuda(_) if decode::kernel_takes(x, &p) => {
+            return Ok(decode_step(device, x, state, &StateIndices::default(), false, opts)?.o);
         }
         Device::Cuda(d) => {
             let d = d.as_ref();

@@ -10,6 +10,8 @@ mod cast;
 mod chunk_output;
 mod chunk_state;
 mod cumsum;
+#[path = "fused/decode.rs"]
+pub mod decode;
 mod gate;
 mod kkt;
 mod l2norm;

@@ -25,7 +25,7 @@ pub struct Source {
 }
 
 /// Every kernel source of the backend.
-pub const SOURCES: [Source; 10] = [
+pub const SOURCES: [Source; 11] = [
     Source {
         name: "cast",
         text: include_str!("kernels/cast.cu"),
@@ -74,6 +74,11 @@ pub const SOURCES: [Source; 10] = [
     Source {
         name: "recurrent",
         text: include_str!("kernels/recurrent.cu"),
+        needs_bt: false,
+    },
+    Source {
+        name: "decode",
+        text: include_str!("kernels/fused/decode.cu"),
         needs_bt: false,
     },
 ];
