@@ -109,6 +109,16 @@ impl DecodeShape {
     }
 }
 
+/// The kernels' PTX for `arch` (`sm_90`), compiled by NVRTC; needs libnvrtc only, no GPU.
+pub fn ptx(arch: &str) -> Result<String> {
+    let key = crate::cuda::registry::Key {
+        kernel: "decode",
+        arch: arch.to_string(),
+        bt: None,
+    };
+    Ok(crate::cuda::registry::ptx(&key)?.to_src())
+}
+
 /// Whether the kernel handles these head dimensions: K a power of two from 16 to 256, V a
 /// multiple of 4. `Err` names the argument otherwise.
 pub fn check_dims(dk: usize, dv: usize) -> Result<()> {
