@@ -291,7 +291,18 @@ pub fn decode_step(
                     .transpose()?,
             })
         }
-        Device::Cuda(d) => cuda_host::decode(d, &p, &plan, x, pool, idx, token_states, opts),
+        Device::Cuda(d) => {
+            let mut step = cuda_host::new(d.clone(), &p, &plan, x, pool, idx, token_states, opts)?;
+            step.launch()?;
+            let (o, pool_after, ts) = step.download()?;
+            pool.copy_from_slice(&pool_after);
+            Ok(DecodeOutput {
+                o,
+                token_states: ts
+                    .map(|s| Tensor::from_f32(s, state_shape(opts.state_v_first)))
+                    .transpose()?,
+            })
+        }
     }
 }
 
@@ -432,12 +443,84 @@ fn cpu_decode(
     Ok((o, dense))
 }
 
-/// The step on CUDA from host data: uploads, one launch of the decode kernel, downloads.
+/// A decode step whose inputs, pool and outputs live on a GPU, made once from host data and
+/// launched any number of times (each launch advances the pool again): what benchmarks and
+/// tests time, and the CUDA half of [`decode_step`].
+pub struct CudaStep {
+    dev: std::sync::Arc<crate::cuda::CudaDevice>,
+    shape: crate::cuda::decode::DecodeShape,
+    opts: Options,
+    out_dtype: DType,
+    inputs: Vec<cudarc::driver::CudaSlice<u8>>,
+    dtypes: Vec<DType>,
+    pool: cudarc::driver::CudaSlice<f32>,
+    o: cudarc::driver::CudaSlice<u8>,
+    token_states: Option<cudarc::driver::CudaSlice<f32>>,
+    indices: [Option<cuda_host::DevIdx>; 3],
+}
+
+impl std::fmt::Debug for CudaStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaStep {:?} on {}", self.shape, self.dev.name())
+    }
+}
+
+impl CudaStep {
+    /// Validates the step as [`decode_step`] does (indices included) and copies everything to
+    /// the GPU. `Err` also when the kernel does not take the head dimensions (see
+    /// [`crate::cuda::decode::check_dims`]).
+    pub fn new(
+        dev: std::sync::Arc<crate::cuda::CudaDevice>,
+        x: &Inputs<'_>,
+        pool: &[f32],
+        idx: &StateIndices<'_>,
+        token_states: bool,
+        opts: &Options,
+    ) -> Result<CudaStep> {
+        let plan = plan(x, pool.len(), idx, opts)?;
+        let p = Problem::from_inputs(x, opts)?;
+        cuda_host::new(dev, &p, &plan, x, pool, idx, token_states, opts)
+    }
+
+    /// Queues one launch on the device's stream (no waiting, no allocation).
+    pub fn launch(&mut self) -> Result<()> {
+        let bufs = cuda_host::buffers(self);
+        // SAFETY: every buffer is owned by `self`, made on the device's stream with the lengths
+        // `bufs` states; the indices were checked on the host against the pool and the
+        // no-sharing rule when `self` was made.
+        unsafe { crate::cuda::decode::decode_raw(&self.dev, &self.shape, &bufs, &self.opts) }
+    }
+
+    /// The sizes of the step.
+    pub fn shape(&self) -> crate::cuda::decode::DecodeShape {
+        self.shape
+    }
+
+    /// Bytes one launch must move at the least: the state rows of non-padding sequences read
+    /// and written (the per-token states too), q, k, v, g and beta read, o written.
+    pub fn min_bytes(&self, active_sequences: usize) -> u128 {
+        let s = self.shape;
+        let row = (s.hv * s.dk * s.dv * 4) as u128;
+        let active = active_sequences as u128;
+        let per_token_rows = self.indices[2].as_ref().map_or(0, |_| s.t as u128)
+            + self.token_states.as_ref().map_or(0, |_| s.t as u128);
+        let inputs: u128 = self.inputs[..5].iter().map(|b| b.len() as u128).sum();
+        (2 + per_token_rows) * active * row + inputs + self.o.len() as u128
+    }
+
+    /// Waits for the queued work and copies the results back: o, the pool, the per-token
+    /// states (if asked for).
+    pub fn download(&self) -> Result<(Tensor<'static>, Vec<f32>, Option<Vec<f32>>)> {
+        cuda_host::download(self)
+    }
+}
+
+/// The CUDA side of [`CudaStep`]: uploads, the kernel's buffer table, downloads.
 mod cuda_host {
     use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 
     use super::*;
-    use crate::cuda::decode::{decode_raw, DecodeBuffers, DecodeShape, RawArray, RawIndices};
+    use crate::cuda::decode::{DecodeBuffers, DecodeShape, RawArray, RawIndices};
     use crate::cuda::{cuda_err, CudaDevice};
 
     fn up<T: DeviceRepr>(dev: &CudaDevice, data: &[T], what: &str) -> Result<CudaSlice<T>> {
@@ -456,25 +539,12 @@ mod cuda_host {
             .map_err(cuda_err(format!("allocating {what}")))
     }
 
-    fn ptr<T>(dev: &CudaDevice, s: &CudaSlice<T>) -> u64 {
-        let (p, _sync) = s.device_ptr(dev.stream());
+    fn ptr<T>(s: &CudaSlice<T>) -> u64 {
+        let (p, _sync) = s.device_ptr(s.stream());
         p
     }
 
-    /// A tensor's bytes on the device.
-    fn tensor(dev: &CudaDevice, t: &Tensor<'_>, what: &str) -> Result<(CudaSlice<u8>, DType)> {
-        Ok((up(dev, t.as_bytes(), what)?, t.dtype()))
-    }
-
-    fn raw(dev: &CudaDevice, s: &(CudaSlice<u8>, DType)) -> RawArray {
-        RawArray {
-            ptr: ptr(dev, &s.0),
-            len: s.0.len() / s.1.size(),
-            dtype: s.1,
-        }
-    }
-
-    enum DevIdx {
+    pub(super) enum DevIdx {
         I32(CudaSlice<i32>),
         I64(CudaSlice<i64>),
     }
@@ -487,15 +557,15 @@ mod cuda_host {
         })
     }
 
-    fn raw_idx(dev: &CudaDevice, i: &Option<DevIdx>) -> Option<RawIndices> {
+    fn raw_idx(i: &Option<DevIdx>) -> Option<RawIndices> {
         i.as_ref().map(|i| match i {
             DevIdx::I32(s) => RawIndices {
-                ptr: ptr(dev, s),
+                ptr: ptr(s),
                 len: s.len(),
                 wide: false,
             },
             DevIdx::I64(s) => RawIndices {
-                ptr: ptr(dev, s),
+                ptr: ptr(s),
                 len: s.len(),
                 wide: true,
             },
@@ -503,106 +573,111 @@ mod cuda_host {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn decode(
-        dev: &CudaDevice,
+    pub(super) fn new(
+        dev: std::sync::Arc<CudaDevice>,
         p: &Problem,
         plan: &Plan,
         x: &Inputs<'_>,
-        pool: &mut [f32],
+        pool: &[f32],
         idx: &StateIndices<'_>,
         token_states: bool,
         opts: &Options,
-    ) -> Result<DecodeOutput> {
+    ) -> Result<CudaStep> {
         let (n, t, hv, dk, dv) = (plan.n, plan.t, p.v_heads(), p.dk(), p.dv());
         crate::cuda::decode::check_dims(dk, dv)?;
+        let d = dev.as_ref();
         let out_dtype = opts.out_dtype.unwrap_or(x.q.dtype());
-        let q = tensor(dev, &x.q, "q")?;
-        let k = tensor(dev, &x.k, "k")?;
-        let v = tensor(dev, &x.v, "v")?;
-        let g = tensor(dev, &x.g, "g")?;
-        let beta = tensor(dev, &x.beta, "beta")?;
-        let a_log = x
-            .a_log
-            .as_ref()
-            .map(|a| tensor(dev, a, "A_log"))
-            .transpose()?;
-        let dt_bias = x
-            .dt_bias
-            .as_ref()
-            .map(|a| tensor(dev, a, "dt_bias"))
-            .transpose()?;
-        let pool_d = up(dev, pool, "the state pool")?;
+        // q, k, v, g, beta, then A_log and dt_bias with gate_in_kernel, as bytes.
+        let mut tensors = vec![&x.q, &x.k, &x.v, &x.g, &x.beta];
+        tensors.extend(x.a_log.iter().chain(x.dt_bias.iter()));
+        let inputs = tensors
+            .iter()
+            .map(|t| up(d, t.as_bytes(), "an input"))
+            .collect::<Result<Vec<_>>>()?;
+        let dtypes = tensors.iter().map(|t| t.dtype()).collect();
         let o_len = n * t * hv * dv;
-        let o = (alloc::<u8>(dev, o_len * out_dtype.size(), "o")?, out_dtype);
-        let ts = if token_states {
-            Some(alloc::<f32>(dev, n * t * hv * dk * dv, "token_states")?)
-        } else {
-            None
+        Ok(CudaStep {
+            shape: DecodeShape {
+                n,
+                t,
+                h: p.heads(),
+                hv,
+                dk,
+                dv,
+                pool: plan.pool_rows,
+            },
+            opts: opts.clone(),
+            out_dtype,
+            inputs,
+            dtypes,
+            pool: up(d, pool, "the state pool")?,
+            o: alloc(d, o_len * out_dtype.size(), "o")?,
+            token_states: if token_states {
+                Some(alloc(d, n * t * hv * dk * dv, "token_states")?)
+            } else {
+                None
+            },
+            indices: [
+                indices(d, &idx.read)?,
+                indices(d, &idx.write)?,
+                indices(d, &idx.per_token)?,
+            ],
+            dev,
+        })
+    }
+
+    pub(super) fn buffers(s: &CudaStep) -> DecodeBuffers {
+        let raw = |i: usize| RawArray {
+            ptr: ptr(&s.inputs[i]),
+            len: s.inputs[i].len() / s.dtypes[i].size(),
+            dtype: s.dtypes[i],
         };
-        let (read, write, per_token) = (
-            indices(dev, &idx.read)?,
-            indices(dev, &idx.write)?,
-            indices(dev, &idx.per_token)?,
-        );
-        let shape = DecodeShape {
-            n,
-            t,
-            h: p.heads(),
-            hv,
-            dk,
-            dv,
-            pool: plan.pool_rows,
-        };
-        let bufs = DecodeBuffers {
-            q: raw(dev, &q),
-            k: raw(dev, &k),
-            v: raw(dev, &v),
-            g: raw(dev, &g),
-            beta: raw(dev, &beta),
-            a_log: a_log.as_ref().map(|a| raw(dev, a)),
-            dt_bias: dt_bias.as_ref().map(|a| raw(dev, a)),
+        let gate = s.inputs.len() == 7;
+        DecodeBuffers {
+            q: raw(0),
+            k: raw(1),
+            v: raw(2),
+            g: raw(3),
+            beta: raw(4),
+            a_log: gate.then(|| raw(5)),
+            dt_bias: gate.then(|| raw(6)),
             pool: RawArray {
-                ptr: ptr(dev, &pool_d),
-                len: pool_d.len(),
+                ptr: ptr(&s.pool),
+                len: s.pool.len(),
                 dtype: DType::F32,
             },
-            o: raw(dev, &o),
-            read: raw_idx(dev, &read),
-            write: raw_idx(dev, &write),
-            per_token: raw_idx(dev, &per_token),
-            token_states: ts.as_ref().map(|s| RawArray {
-                ptr: ptr(dev, s),
-                len: s.len(),
+            o: RawArray {
+                ptr: ptr(&s.o),
+                len: s.o.len() / s.out_dtype.size(),
+                dtype: s.out_dtype,
+            },
+            read: raw_idx(&s.indices[0]),
+            write: raw_idx(&s.indices[1]),
+            per_token: raw_idx(&s.indices[2]),
+            token_states: s.token_states.as_ref().map(|b| RawArray {
+                ptr: ptr(b),
+                len: b.len(),
                 dtype: DType::F32,
             }),
-        };
-        // SAFETY: every buffer was made above on the device's stream with the lengths stated,
-        // and lives until the downloads below have waited for the kernel; `plan` checked the
-        // indices against the pool and the no-sharing rule.
-        unsafe { decode_raw(dev, &shape, &bufs, opts)? };
-        let o_bytes = dev
-            .stream()
-            .clone_dtoh(&o.0)
-            .map_err(cuda_err("downloading o"))?;
-        dev.stream()
-            .memcpy_dtoh(&pool_d, pool)
+        }
+    }
+
+    pub(super) fn download(s: &CudaStep) -> Result<(Tensor<'static>, Vec<f32>, Option<Vec<f32>>)> {
+        let st = s.dev.stream();
+        let o = st.clone_dtoh(&s.o).map_err(cuda_err("downloading o"))?;
+        let pool = st
+            .clone_dtoh(&s.pool)
             .map_err(cuda_err("downloading the state pool"))?;
-        let ts = ts
-            .map(|s| {
-                dev.stream()
-                    .clone_dtoh(&s)
+        let ts = s
+            .token_states
+            .as_ref()
+            .map(|b| {
+                st.clone_dtoh(b)
                     .map_err(cuda_err("downloading token_states"))
             })
             .transpose()?;
-        let o = Tensor::from_bytes(out_dtype, &o_bytes, vec![n, t, hv, dv])?.into_owned();
-        let state_shape = if opts.state_v_first {
-            vec![n, t, hv, dv, dk]
-        } else {
-            vec![n, t, hv, dk, dv]
-        };
-        Ok(DecodeOutput {
-            o,
-            token_states: ts.map(|s| Tensor::from_f32(s, state_shape)).transpose()?,
-        })
+        let sh = s.shape;
+        let o = Tensor::from_bytes(s.out_dtype, &o, vec![sh.n, sh.t, sh.hv, sh.dv])?.into_owned();
+        Ok((o, pool, ts))
     }
 }

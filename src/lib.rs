@@ -45,7 +45,7 @@ pub mod reference;
 pub mod selftest;
 
 pub use backend::{Backend, ChunkStates, Gamma, StageInputs, Wy, RESET_LOG_DECAY};
-pub use decode::{decode_step, DecodeOutput, Indices, StateIndices};
+pub use decode::{decode_step, CudaStep, DecodeOutput, Indices, StateIndices};
 pub use dtype::{DType, Data, Tensor};
 pub use error::{Error, Result};
 pub use forward::{activate, chunk_forward, Activated, ForwardOut};
