@@ -242,6 +242,8 @@ __device__ __forceinline__ void decode_warp(const DecodeParams& P, float* smem) 
             }
         }
 
+        // The warp's previous item may still be reading buffer 0 of q and k.
+        __syncwarp();
         for (i64 t = 0; t < T; ++t) {
             const TokenIn cur = next;
             float* const bq = sbuf + (t & 1) * 2 * dk;
