@@ -1,7 +1,7 @@
 """Runs the decode kernel's CUDA source on the CPU: a host shim (threads as lanes, barriers for
 __shfl_xor_sync and __syncwarp) around src/cuda/kernels/fused/decode.cu, driven by
 decode_emulate_driver.cpp against a float64 reference. No GPU needed:
-    python3 dev/decode_emulate.py"""
+    python3 dev/decode_emulate.py [cases]   (150 by default; needs g++ with C++20)"""
 import os, subprocess, sys
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 shim = r'''
@@ -44,4 +44,4 @@ drv = open(os.path.join(root, "dev/decode_emulate_driver.cpp")).read()
 out = "/tmp/decode_emulate"
 open(out + ".cpp", "w").write(shim + src + drv)
 subprocess.check_call(["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-o", out, out + ".cpp"])
-sys.exit(subprocess.call([out]))
+sys.exit(subprocess.call([out] + sys.argv[1:]))

@@ -2,6 +2,7 @@
 // over a pool, every layout, head size, option and index kind, against a float64 reference.
 #include <random>
 #include <cstdio>
+#include <cstdlib>
 #include <algorithm>
 
 static unsigned short to_bits(float x, int dt) {
@@ -34,13 +35,14 @@ static void launch(bool vfirst, const DecodeParams& P, int warps, int grid) {
     }
 }
 
-int main() {
+int main(int argc, char** argv) {
+    const int count = argc > 1 ? atoi(argv[1]) : 150;
     std::mt19937_64 rng(12345);
     auto U = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
     auto N01 = [&]() { return std::normal_distribution<double>(0, 1)(rng); };
     int failures = 0, cases = 0;
     const int dks[] = {16, 32, 64, 128, 256};
-    for (int c = 0; c < 150; ++c) {
+    for (int c = 0; c < count; ++c) {
         const bool vfirst = c % 2;
         const int dk = dks[(c / 2) % 5];
         const int dv = 4 * (1 + rng() % 40);

@@ -652,6 +652,37 @@ fn decode_kernel_compiles_with_nvrtc_and_moves_16_byte_vectors() {
     }
 }
 
+/// The kernel's CUDA source run on the CPU (lanes as threads, see dev/decode_emulate.py)
+/// against a float64 reference: every layout, K from 16 to 256, partial column tiles, every
+/// option and index kind, and warps looping over several items.
+#[test]
+fn decode_kernel_source_runs_correctly_under_host_emulation() {
+    let have = |cmd: &str| {
+        std::process::Command::new(cmd)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !have("g++") || !have("python3") {
+        eprintln!("skipped: the host emulation needs g++ and python3");
+        return;
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dev/decode_emulate.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg("40")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{}", log.lines().last().unwrap_or(""));
+    assert!(
+        out.status.success(),
+        "{log}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(log.contains("0/40 cases failed"), "{log}");
+}
+
 fn gpu() -> Option<Device> {
     static DEV: OnceLock<Option<Arc<CudaDevice>>> = OnceLock::new();
     DEV.get_or_init(|| match CudaDevice::new(0) {
