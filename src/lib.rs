@@ -33,6 +33,7 @@ struct ReadmeDoctests;
 mod backend;
 pub mod cpu;
 pub mod cuda;
+pub mod decode;
 mod dtype;
 mod error;
 mod forward;
@@ -44,6 +45,7 @@ pub mod reference;
 pub mod selftest;
 
 pub use backend::{Backend, ChunkStates, Gamma, StageInputs, Wy, RESET_LOG_DECAY};
+pub use decode::{decode_step, CudaStep, DecodeOutput, Indices, StateIndices};
 pub use dtype::{DType, Data, Tensor};
 pub use error::{Error, Result};
 pub use forward::{activate, chunk_forward, Activated, ForwardOut};
@@ -164,6 +166,10 @@ pub fn recurrent_step(
     error::check_len("state", state.len(), want)?;
     match device {
         Device::Cpu => host::recurrent_on(&cpu::Cpu, &p, x, state, opts),
+        // One launch of the decode kernel, the state as a pool of N rows.
+        Device::Cuda(_) if decode::kernel_takes(x, &p) => {
+            Ok(decode_step(device, x, state, &StateIndices::default(), false, opts)?.o)
+        }
         Device::Cuda(d) => host::recurrent_on(d.as_ref(), &p, x, state, opts),
     }
 }

@@ -53,7 +53,7 @@ use super::stages::{
     cast, chunk_output, chunk_state, cumsum, gate, kkt, l2norm, launch_per_chunk, recurrent,
     solve_tril, wy, Ctx, GammaPtrs,
 };
-use super::{fused, CudaDevice, Tables};
+use super::{decode, fused, CudaDevice, Tables};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::options::Options;
@@ -803,6 +803,65 @@ impl Plan {
         unsafe { self.epilogue(o32, &io.o) }
     }
 
+    /// The decode kernel's view of a step, where it takes it: every sequence `T` tokens long (no
+    /// varlen), head dimensions it is compiled for, and the 16-byte alignment of the buffers it
+    /// moves in vectors.
+    fn decode_shape(&self, io: &StepIo<'_>) -> Option<decode::DecodeShape> {
+        let p = &self.p;
+        let x = &io.inputs;
+        let dense = p.seq_len() > 0
+            && p.num_seqs() == p.batch()
+            && p.seqs().iter().all(|&(a, b)| b - a == p.seq_len());
+        let aligned = [x.q.ptr, x.k.ptr, x.v.ptr, io.o.ptr, io.state.ptr]
+            .iter()
+            .all(|a| a % 16 == 0);
+        (dense && aligned && decode::check_dims(p.dk(), p.dv()).is_ok()).then(|| {
+            decode::DecodeShape {
+                n: p.batch(),
+                t: p.seq_len(),
+                h: p.heads(),
+                hv: p.v_heads(),
+                dk: p.dk(),
+                dv: p.dv(),
+                pool: p.batch(),
+            }
+        })
+    }
+
+    /// [`Plan::recurrent_step`] as one launch of the decode kernel (activation, l2norm and the
+    /// narrowing of `o` inside it), the states a pool of `N` rows in sequence order.
+    fn step_decode(&self, shape: &decode::DecodeShape, io: &StepIo<'_>) -> Result<()> {
+        let raw = |v: &DeviceRef<'_>| decode::RawArray {
+            ptr: v.ptr,
+            len: v.len,
+            dtype: v.dtype,
+        };
+        let raw_mut = |v: &DeviceMut<'_>| decode::RawArray {
+            ptr: v.ptr,
+            len: v.len,
+            dtype: v.dtype,
+        };
+        let x = &io.inputs;
+        let b = decode::DecodeBuffers {
+            q: raw(&x.q),
+            k: raw(&x.k),
+            v: raw(&x.v),
+            g: raw(&x.g),
+            beta: raw(&x.beta),
+            a_log: x.a_log.as_ref().map(raw),
+            dt_bias: x.dt_bias.as_ref().map(raw),
+            pool: raw_mut(&io.state),
+            o: raw_mut(&io.o),
+            read: None,
+            write: None,
+            per_token: None,
+            token_states: None,
+        };
+        // SAFETY: every view was validated against the plan (lengths, dtypes, this context);
+        // without index arrays each sequence owns its own pool row.
+        unsafe { decode::decode_raw(&self.dev, shape, &b, &self.opts) }
+    }
+
     /// The chunked forward: reads `io`'s inputs, writes `o`, `final_state` and, with
     /// `output_chunk_states`, `chunk_states`; intermediates live in `workspace` (at least
     /// [`Plan::forward_workspace_bytes`]). Every argument is checked first (`Err` naming it);
@@ -901,6 +960,9 @@ impl Plan {
     pub fn recurrent_step(&self, io: StepIo<'_>, workspace: Workspace<'_>) -> Result<()> {
         let (p, opts) = (&self.p, &self.opts);
         check_step(p, opts, self.dtype, &io, &workspace)?;
+        if let Some(shape) = self.decode_shape(&io) {
+            return self.step_decode(&shape, &io);
+        }
         let (base, l) = (workspace.ptr, &self.step.prologue);
         // SAFETY (every block below): as in `forward`.
         let [q, k, v, g, beta] = unsafe { self.prologue(&io.inputs, base, l) }?;

@@ -14,6 +14,8 @@
 //! layouts of [`crate::Backend`].
 
 mod backend;
+#[path = "fused/decode.rs"]
+pub mod decode;
 pub mod engine;
 pub mod fused;
 pub mod registry;

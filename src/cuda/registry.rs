@@ -52,11 +52,13 @@ pub enum Source {
     ChunkOutput,
     /// The token-by-token recurrence.
     Recurrent,
+    /// The decode step over a pool of states (`kernels/fused/decode.cu`).
+    Decode,
 }
 
 impl Source {
     /// Every source of the backend.
-    pub const ALL: [Source; 10] = [
+    pub const ALL: [Source; 11] = [
         Source::Cast,
         Source::L2norm,
         Source::Gate,
@@ -67,6 +69,7 @@ impl Source {
         Source::ChunkState,
         Source::ChunkOutput,
         Source::Recurrent,
+        Source::Decode,
     ];
 
     /// The file's stem under `src/cuda/kernels/`.
@@ -82,6 +85,7 @@ impl Source {
             Source::ChunkState => "chunk_state",
             Source::ChunkOutput => "chunk_output",
             Source::Recurrent => "recurrent",
+            Source::Decode => "decode",
         }
     }
 
@@ -98,6 +102,7 @@ impl Source {
             Source::ChunkState => include_str!("kernels/chunk_state.cu"),
             Source::ChunkOutput => include_str!("kernels/chunk_output.cu"),
             Source::Recurrent => include_str!("kernels/recurrent.cu"),
+            Source::Decode => include_str!("kernels/fused/decode.cu"),
         }
     }
 
@@ -123,6 +128,7 @@ impl Source {
             Source::ChunkState => size_of::<stages::chunk_state::Params>(),
             Source::ChunkOutput => size_of::<stages::chunk_output::Params>(),
             Source::Recurrent => size_of::<stages::recurrent::Params>(),
+            Source::Decode => size_of::<super::decode::Params>(),
         }
     }
 
@@ -163,11 +169,15 @@ pub enum Kernel {
     RecurrentKv,
     /// The recurrence with V-major states.
     RecurrentVk,
+    /// The decode step with K-major states.
+    DecodeKv,
+    /// The decode step with V-major states.
+    DecodeVk,
 }
 
 impl Kernel {
     /// Every kernel of the backend.
-    pub const ALL: [Kernel; 12] = [
+    pub const ALL: [Kernel; 14] = [
         Kernel::Widen,
         Kernel::Narrow,
         Kernel::L2norm,
@@ -180,6 +190,8 @@ impl Kernel {
         Kernel::ChunkOutput,
         Kernel::RecurrentKv,
         Kernel::RecurrentVk,
+        Kernel::DecodeKv,
+        Kernel::DecodeVk,
     ];
 
     /// The source the kernel is defined in.
@@ -195,6 +207,7 @@ impl Kernel {
             Kernel::ChunkState => Source::ChunkState,
             Kernel::ChunkOutput => Source::ChunkOutput,
             Kernel::RecurrentKv | Kernel::RecurrentVk => Source::Recurrent,
+            Kernel::DecodeKv | Kernel::DecodeVk => Source::Decode,
         }
     }
 
@@ -213,6 +226,8 @@ impl Kernel {
             Kernel::ChunkOutput => "chunk_output",
             Kernel::RecurrentKv => "recurrent_kv",
             Kernel::RecurrentVk => "recurrent_vk",
+            Kernel::DecodeKv => "decode_kv",
+            Kernel::DecodeVk => "decode_vk",
         }
     }
 

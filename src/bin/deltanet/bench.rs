@@ -15,7 +15,7 @@ use crate::{device_arg, open_device, CmdResult, Failure};
 enum Work {
     /// The chunked forward over B x T tokens (inputs already on the device).
     Prefill,
-    /// One recurrent step of B sequences (T = 1) updating their states in place.
+    /// One decode step of B sequences with --tokens tokens each, states in a pool (--pool).
     Decode,
     /// The tri-solve invert of every chunk block.
     #[value(name = "solve_tril", alias = "solve-tril")]
@@ -62,6 +62,16 @@ pub struct Args {
     /// length_i = floor(T w_i / sum w) for i < N - 1, the last sequence takes the rest.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     varlen: Option<u64>,
+    /// Tokens per sequence of the decode step (speculative decoding verifies several).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    tokens: u64,
+    /// Rows of the decode step's state pool; the B sequences use random distinct rows of it.
+    /// Default: B rows, sequence n in row n.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pool: Option<u64>,
+    /// Decode states stored [.., V, K] (llama.cpp's and FlashInfer's layout).
+    #[arg(long)]
+    state_v_first: bool,
 }
 
 /// The sequence offsets of `n` sequences sharing `t` tokens by the anchors' rule (see
@@ -223,12 +233,39 @@ pub fn main(a: Args) -> CmdResult {
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
+    let others: Vec<Work> = works
+        .iter()
+        .copied()
+        .filter(|&w| w != Work::Decode)
+        .collect();
     let rows = match &device {
-        Device::Cpu => bench_on(&cpu::Cpu, &a, &works, &opts, &bar),
-        Device::Cuda(d) => bench_on(d.as_ref(), &a, &works, &opts, &bar),
+        Device::Cpu => bench_on(&cpu::Cpu, &a, &others, &opts, &bar),
+        Device::Cuda(d) => bench_on(d.as_ref(), &a, &others, &opts, &bar),
     };
+    let mut rows = rows?;
+    if works.contains(&Work::Decode) {
+        let d = crate::bench_decode::DecodeBench {
+            shape: a.shape.0,
+            dtype: a.dtype,
+            tokens: a.tokens as usize,
+            pool: a.pool.map(|p| p as usize),
+            warmup: a.warmup,
+            repeats: a.repeats,
+            state_v_first: a.state_v_first,
+        };
+        rows.extend(
+            crate::bench_decode::run(&device, &d, &bar)?
+                .into_iter()
+                .map(|r| Row {
+                    work: r.work,
+                    times_ms: r.times_ms,
+                    tokens: r.tokens,
+                    bytes: r.bytes,
+                    flops: None,
+                }),
+        );
+    }
     bar.finish_and_clear();
-    let rows = rows?;
 
     // The results file first: a closed stdout (`| head`) ends the process at the next print.
     if let Some(path) = &a.json {
@@ -389,45 +426,6 @@ fn bench_on<D: HostIo>(
                 flops: None,
             });
         }
-    }
-    if works.contains(&Work::Decode) {
-        let x = layer_inputs(&mut rng, [b, 1, h, hv, k, v], a.dtype, false)?;
-        let p = Problem::from_inputs(&x, opts)?;
-        let s = upload_inputs(dev, &p, &x, opts)?;
-        let act = activate(dev, &p, opts, &s)?;
-        let n_state = p.num_seqs() * hv * k * v;
-        let init: Vec<f32> = rng.normal(n_state, 0.1);
-        let mut state = dev.upload(&init)?;
-        let scale = opts.scale_for(k);
-        dev.synchronize()?;
-        let times = time_n(dev, a, bar, "decode", &mut || {
-            dev.recurrent(
-                &p,
-                act.q(),
-                act.k(),
-                &s.v,
-                &act.g,
-                &act.beta,
-                &mut state,
-                false,
-                scale,
-            )
-            .map(|_| ())
-        })?;
-        // The state is read and written; q, k, v, g, beta are read and o written (f32 on the
-        // device).
-        let bytes = f4
-            * (2 * n_state as u128
-                + (2 * b * h * k) as u128
-                + (2 * b * hv * v) as u128
-                + (2 * b * hv) as u128);
-        rows.push(Row {
-            work: "decode",
-            times_ms: times,
-            tokens: Some(b),
-            bytes: Some(bytes),
-            flops: None,
-        });
     }
     Ok(rows)
 }

@@ -2,6 +2,7 @@
 //! check a device for conformance, from the command line.
 
 mod bench;
+mod bench_decode;
 mod demo;
 mod kernels;
 mod lifecycle;

@@ -767,62 +767,72 @@ fn upload_native(
     x: &crate::Inputs<'_>,
     opts: &Options,
 ) -> Result<(DType, Vec<cudarc::driver::CudaSlice<u8>>)> {
-        if !supported(dev, p, opts) {
-            return Err(Error::invalid(
-                "options",
-                "a problem the fused path supports (chunk size 64, K and V multiples of 16 up to 256)",
-                format!("chunk size {}, K = {}, V = {}", opts.chunk_size, p.dk(), p.dv()),
-            ));
+    if !supported(dev, p, opts) {
+        return Err(Error::invalid(
+            "options",
+            "a problem the fused path supports (chunk size 64, K and V multiples of 16 up to 256)",
+            format!(
+                "chunk size {}, K = {}, V = {}",
+                opts.chunk_size,
+                p.dk(),
+                p.dv()
+            ),
+        ));
+    }
+    let stream = dev.stream().clone();
+    let up = |bytes: &[u8], what: &str| -> Result<cudarc::driver::CudaSlice<u8>> {
+        if bytes.is_empty() {
+            return dev.zeros(0, what);
         }
-        let stream = dev.stream().clone();
-        let up = |bytes: &[u8], what: &str| -> Result<cudarc::driver::CudaSlice<u8>> {
-            if bytes.is_empty() {
-                return dev.zeros(0, what);
-            }
-            stream
-                .clone_htod(bytes)
-                .map_err(cuda_err(format!("uploading {what}")))
-        };
-        let raw = |t: &crate::Tensor<'_>, what: &str| -> Result<cudarc::driver::CudaSlice<u8>> {
-            match t.data() {
-                crate::Data::F32(d) => up(bytemuck::cast_slice(d), what),
-                crate::Data::BF16(d) => up(bytemuck::cast_slice(d), what),
-                crate::Data::F16(d) => up(bytemuck::cast_slice(d), what),
-            }
-        };
-        let f32s = |t: &crate::Tensor<'_>, what: &str| up(bytemuck::cast_slice(&t.to_f32()), what);
-        let dtype = x.q.dtype();
-        if x.k.dtype() != dtype || x.v.dtype() != dtype {
-            return Err(Error::invalid(
-                "k",
-                format!("q, k and v of one dtype ({dtype})"),
-                format!("k {}, v {}", x.k.dtype(), x.v.dtype()),
-            ));
+        stream
+            .clone_htod(bytes)
+            .map_err(cuda_err(format!("uploading {what}")))
+    };
+    let raw = |t: &crate::Tensor<'_>, what: &str| -> Result<cudarc::driver::CudaSlice<u8>> {
+        match t.data() {
+            crate::Data::F32(d) => up(bytemuck::cast_slice(d), what),
+            crate::Data::BF16(d) => up(bytemuck::cast_slice(d), what),
+            crate::Data::F16(d) => up(bytemuck::cast_slice(d), what),
         }
-        let mut inputs = vec![
-            raw(&x.q, "q")?,
-            raw(&x.k, "k")?,
-            raw(&x.v, "v")?,
-            f32s(&x.g, "g")?,
-            f32s(&x.beta, "beta")?,
-        ];
-        let absent = dev.zeros::<u8>(0, "nothing")?;
-        inputs.push(match &x.a_log {
-            Some(t) => f32s(t, "A_log")?,
-            None => absent.clone(),
-        });
-        inputs.push(match &x.dt_bias {
-            Some(t) => f32s(t, "dt_bias")?,
-            None => absent.clone(),
-        });
-        inputs.push(match &x.initial_state {
-            Some(s) if opts.state_v_first => up(
-                bytemuck::cast_slice(&crate::host::transpose_states(&s.to_f32(), p.dk(), p.dv(), false)),
-                "initial_state",
-            )?,
-            Some(s) => f32s(s, "initial_state")?,
-            None => absent,
-        });
+    };
+    let f32s = |t: &crate::Tensor<'_>, what: &str| up(bytemuck::cast_slice(&t.to_f32()), what);
+    let dtype = x.q.dtype();
+    if x.k.dtype() != dtype || x.v.dtype() != dtype {
+        return Err(Error::invalid(
+            "k",
+            format!("q, k and v of one dtype ({dtype})"),
+            format!("k {}, v {}", x.k.dtype(), x.v.dtype()),
+        ));
+    }
+    let mut inputs = vec![
+        raw(&x.q, "q")?,
+        raw(&x.k, "k")?,
+        raw(&x.v, "v")?,
+        f32s(&x.g, "g")?,
+        f32s(&x.beta, "beta")?,
+    ];
+    let absent = dev.zeros::<u8>(0, "nothing")?;
+    inputs.push(match &x.a_log {
+        Some(t) => f32s(t, "A_log")?,
+        None => absent.clone(),
+    });
+    inputs.push(match &x.dt_bias {
+        Some(t) => f32s(t, "dt_bias")?,
+        None => absent.clone(),
+    });
+    inputs.push(match &x.initial_state {
+        Some(s) if opts.state_v_first => up(
+            bytemuck::cast_slice(&crate::host::transpose_states(
+                &s.to_f32(),
+                p.dk(),
+                p.dv(),
+                false,
+            )),
+            "initial_state",
+        )?,
+        Some(s) => f32s(s, "initial_state")?,
+        None => absent,
+    });
     Ok((dtype, inputs))
 }
 

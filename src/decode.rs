@@ -1,0 +1,683 @@
+//! Decode steps over a pool of states, as inference engines keep them.
+//!
+//! An engine holds the recurrent states of all its sequences in one pool `[P, HV, K, V]` f32
+//! (`[P, HV, V, K]` with `state_v_first`). A step takes N sequences of T tokens each (T = 1 for
+//! plain decoding, T > 1 to verify speculative draft tokens) and, for each sequence n:
+//!
+//! - starts from pool row `read[n]` (row n when no indices are given); a negative index marks a
+//!   padding slot: nothing is read or written and its outputs are zeros;
+//! - advances that state through its T tokens by the gated delta rule (with the same options as
+//!   [`crate::forward`]: l2norm of q and k, beta logits, gate in kernel, head map, scale);
+//! - writes the final state to row `write[n]` (by default back to `read[n]`, in place; a
+//!   negative index writes nothing), and, if asked, the state after every token: to rows
+//!   `per_token[n, t]` of the pool and/or into a dense `[N, T, HV, K, V]` tensor, so an engine
+//!   can roll back to the last accepted draft token.
+//!
+//! No pool row written by one sequence may be read or written by another; sequences may share a
+//! row they only read (a common prefix forked into several new rows). [`decode_step`] checks all
+//! of this and refuses repeated indices with an `Err` naming the argument.
+//!
+//! On the CPU the step is plain f32 code; on CUDA it is one kernel launch
+//! ([`crate::cuda::decode::decode_raw`], which engines call directly with device-resident
+//! buffers and indices).
+
+use rayon::prelude::*;
+
+use crate::dtype::{DType, Tensor};
+use crate::error::{check_len, Error, Result};
+use crate::options::Options;
+use crate::problem::{Inputs, Problem};
+use crate::Device;
+
+/// Pool-row indices on the host, i32 or i64 as engines keep them.
+#[derive(Clone, Copy, Debug)]
+pub enum Indices<'a> {
+    /// 32-bit indices.
+    I32(&'a [i32]),
+    /// 64-bit indices.
+    I64(&'a [i64]),
+}
+
+impl Indices<'_> {
+    /// How many indices.
+    pub fn len(&self) -> usize {
+        match self {
+            Indices::I32(x) => x.len(),
+            Indices::I64(x) => x.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Index `i`, widened.
+    pub fn get(&self, i: usize) -> i64 {
+        match self {
+            Indices::I32(x) => i64::from(x[i]),
+            Indices::I64(x) => x[i],
+        }
+    }
+}
+
+/// Where a decode step reads and writes states in the pool (see the module documentation).
+/// `StateIndices::default()` is the plain batch: sequence n reads and updates row n.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StateIndices<'a> {
+    /// `state_indices` `[N]`: the row sequence n starts from; negative marks a padding slot.
+    /// `None`: row n (the pool then needs at least N rows).
+    pub read: Option<Indices<'a>>,
+    /// `out_state_indices` `[N]`: the row receiving sequence n's final state; negative writes
+    /// none. `None`: the read row (in place).
+    pub write: Option<Indices<'a>>,
+    /// `token_state_indices` `[N, T]`: the row receiving the state after token t of sequence
+    /// n; negative writes none.
+    pub per_token: Option<Indices<'a>>,
+}
+
+/// What a decode step returns (the pool itself is updated in place).
+#[derive(Clone, Debug)]
+pub struct DecodeOutput {
+    /// `[N, T, HV, V]` in `Options::out_dtype` or q's dtype; zeros for padding slots.
+    pub o: Tensor<'static>,
+    /// With `token_states`: `[N, T, HV, K, V]` f32 (`[N, T, HV, V, K]` with `state_v_first`),
+    /// the state after every token; zeros for padding slots.
+    pub token_states: Option<Tensor<'static>>,
+}
+
+/// The validated sizes and resolved rows of one step.
+struct Plan {
+    n: usize,
+    t: usize,
+    pool_rows: usize,
+    /// Per sequence: the row read (negative: padding).
+    read: Vec<i64>,
+}
+
+fn resolve(
+    arg: &'static str,
+    idx: &Option<Indices<'_>>,
+    len: usize,
+    pool_rows: usize,
+) -> Result<()> {
+    let Some(idx) = idx else { return Ok(()) };
+    check_len(arg, idx.len(), len)?;
+    for i in 0..len {
+        let r = idx.get(i);
+        if r >= pool_rows as i64 {
+            return Err(Error::invalid(
+                arg,
+                format!("indices below the pool's {pool_rows} rows (negative for none)"),
+                format!("{arg}[{i}] = {r}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks shapes, indices and the no-sharing rule; returns the plan.
+fn plan(x: &Inputs<'_>, pool_len: usize, idx: &StateIndices<'_>, opts: &Options) -> Result<Plan> {
+    if x.cu_seqlens.is_some() {
+        return Err(Error::invalid(
+            "cu_seqlens",
+            "none (every sequence of a decode step has T tokens: q is [N, T, H, K])",
+            "offsets",
+        ));
+    }
+    if x.initial_state.is_some() {
+        return Err(Error::invalid(
+            "initial_state",
+            "none (the states are the pool's rows)",
+            "a tensor",
+        ));
+    }
+    let p = Problem::from_inputs(x, opts)?;
+    let (n, t) = (p.batch(), p.seq_len());
+    let row_len = p.v_heads() * p.state_len();
+    if pool_len == 0 || pool_len % row_len != 0 {
+        return Err(Error::invalid(
+            "state",
+            format!(
+                "a pool of P >= 1 rows of HV * K * V = {row_len} f32 ({})",
+                if opts.state_v_first {
+                    "[P, HV, V, K]"
+                } else {
+                    "[P, HV, K, V]"
+                }
+            ),
+            format!("{pool_len} elements"),
+        ));
+    }
+    let pool_rows = pool_len / row_len;
+    resolve("state_indices", &idx.read, n, pool_rows)?;
+    resolve("out_state_indices", &idx.write, n, pool_rows)?;
+    resolve("token_state_indices", &idx.per_token, n * t, pool_rows)?;
+    let read: Vec<i64> = match &idx.read {
+        Some(r) => (0..n).map(|i| r.get(i)).collect(),
+        None => {
+            if pool_rows < n {
+                return Err(Error::invalid(
+                    "state",
+                    format!("at least N = {n} rows without state_indices"),
+                    format!("{pool_rows} rows"),
+                ));
+            }
+            (0..n as i64).collect()
+        }
+    };
+    // Which sequence writes each row: a row written by one sequence must not be written or
+    // read by another (their order inside one launch is undefined).
+    let mut writer: std::collections::HashMap<i64, usize> = std::collections::HashMap::new();
+    let mut claim = |arg: &'static str, row: i64, seq: usize| -> Result<()> {
+        if row < 0 {
+            return Ok(());
+        }
+        match writer.insert(row, seq) {
+            Some(other) if other != seq => Err(Error::invalid(
+                arg,
+                "distinct rows: no row written by two sequences",
+                format!("row {row} written by sequences {other} and {seq}"),
+            )),
+            _ => Ok(()),
+        }
+    };
+    for (seq, &r) in read.iter().enumerate() {
+        if r < 0 {
+            continue;
+        }
+        let w = idx.write.map_or(r, |w| w.get(seq));
+        claim(
+            if idx.write.is_some() {
+                "out_state_indices"
+            } else {
+                "state_indices"
+            },
+            w,
+            seq,
+        )?;
+        if let Some(pt) = &idx.per_token {
+            for k in 0..t {
+                claim("token_state_indices", pt.get(seq * t + k), seq)?;
+            }
+        }
+    }
+    for (seq, &r) in read.iter().enumerate() {
+        if r < 0 {
+            continue;
+        }
+        if let Some(&other) = writer.get(&r) {
+            if other != seq {
+                return Err(Error::invalid(
+                    "state_indices",
+                    "no row read by one sequence and written by another",
+                    format!("row {r} read by sequence {seq} and written by sequence {other}"),
+                ));
+            }
+        }
+    }
+    Ok(Plan {
+        n,
+        t,
+        pool_rows,
+        read,
+    })
+}
+
+/// One decode step of N sequences with T tokens each over a pool of states, updated in place
+/// (see the module documentation for the indices). `x` holds q, k `[N, T, H, K]`, v
+/// `[N, T, HV, V]`, g and beta `[N, T, HV]` (and `A_log`, `dt_bias` with `gate_in_kernel`), no
+/// `cu_seqlens` and no `initial_state`; `pool` is `[P, HV, K, V]` f32 (`[P, HV, V, K]` with
+/// `state_v_first`). With `token_states`, the state after every token is returned too.
+///
+/// Bad input (shapes, an index past the pool, a row written by two sequences or read by one and
+/// written by another) is an `Err` naming the argument; the pool is untouched then.
+///
+/// ```
+/// use deltanet::decode::{decode_step, Indices, StateIndices};
+/// use deltanet::{Device, Inputs, Options, Tensor};
+/// let (n, t, h, hv, k, v, pool_rows) = (2, 1, 1, 2, 4, 4, 3);
+/// let x = Inputs::new(
+///     Tensor::from_f32(vec![0.5; n * t * h * k], vec![n, t, h, k])?,
+///     Tensor::from_f32(vec![0.5; n * t * h * k], vec![n, t, h, k])?,
+///     Tensor::from_f32(vec![1.0; n * t * hv * v], vec![n, t, hv, v])?,
+///     Tensor::from_f32(vec![-0.1; n * t * hv], vec![n, t, hv])?,
+///     Tensor::from_f32(vec![0.5; n * t * hv], vec![n, t, hv])?,
+/// );
+/// let mut pool = vec![0.0f32; pool_rows * hv * k * v];
+/// // Sequence 0 lives in row 2; slot 1 is padding.
+/// let read = [2i32, -1];
+/// let idx = StateIndices { read: Some(Indices::I32(&read)), ..Default::default() };
+/// let out = decode_step(&Device::Cpu, &x, &mut pool, &idx, false, &Options::default())?;
+/// assert_eq!(out.o.shape(), &[2, 1, 2, 4]);
+/// assert!(pool[2 * hv * k * v..].iter().any(|&s| s != 0.0));
+/// assert!(out.o.to_f32()[hv * v..].iter().all(|&o| o == 0.0));
+/// # Ok::<(), deltanet::Error>(())
+/// ```
+pub fn decode_step(
+    device: &Device,
+    x: &Inputs<'_>,
+    pool: &mut [f32],
+    idx: &StateIndices<'_>,
+    token_states: bool,
+    opts: &Options,
+) -> Result<DecodeOutput> {
+    let plan = plan(x, pool.len(), idx, opts)?;
+    let p = Problem::from_inputs(x, opts)?;
+    let (n, t, hv, dk, dv) = (plan.n, plan.t, p.v_heads(), p.dk(), p.dv());
+    let out_dtype = opts.out_dtype.unwrap_or(x.q.dtype());
+    let state_shape = |v_first: bool| {
+        if v_first {
+            vec![n, t, hv, dv, dk]
+        } else {
+            vec![n, t, hv, dk, dv]
+        }
+    };
+    if n * t == 0 {
+        return Ok(DecodeOutput {
+            o: Tensor::cast_from_f32(&[], vec![n, t, hv, dv], out_dtype)?,
+            token_states: token_states
+                .then(|| Tensor::from_f32(Vec::new(), state_shape(opts.state_v_first)))
+                .transpose()?,
+        });
+    }
+    match device {
+        Device::Cpu => {
+            let (o, ts) = cpu_decode(&p, &plan, x, pool, idx, token_states, opts)?;
+            Ok(DecodeOutput {
+                o: Tensor::cast_from_f32(&o, vec![n, t, hv, dv], out_dtype)?,
+                token_states: ts
+                    .map(|s| Tensor::from_f32(s, state_shape(opts.state_v_first)))
+                    .transpose()?,
+            })
+        }
+        Device::Cuda(d) => {
+            let mut step = cuda_host::new(d.clone(), &p, &plan, x, pool, idx, token_states, opts)?;
+            step.launch()?;
+            let (o, pool_after, ts) = step.download()?;
+            pool.copy_from_slice(&pool_after);
+            Ok(DecodeOutput {
+                o,
+                token_states: ts
+                    .map(|s| Tensor::from_f32(s, state_shape(opts.state_v_first)))
+                    .transpose()?,
+            })
+        }
+    }
+}
+
+/// Whether [`crate::recurrent_step`] on CUDA runs as one decode launch: no varlen and head
+/// dimensions the kernel takes.
+pub(crate) fn kernel_takes(x: &Inputs<'_>, p: &Problem) -> bool {
+    x.cu_seqlens.is_none() && crate::cuda::decode::check_dims(p.dk(), p.dv()).is_ok()
+}
+
+/// The step on the CPU in f32: per (sequence, value head) the recurrence token by token, then
+/// the pool writes. Returns o and the dense per-token states.
+fn cpu_decode(
+    p: &Problem,
+    plan: &Plan,
+    x: &Inputs<'_>,
+    pool: &mut [f32],
+    idx: &StateIndices<'_>,
+    token_states: bool,
+    opts: &Options,
+) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
+    let (n, t) = (plan.n, plan.t);
+    let kv = dk * dv;
+    let v_first = opts.state_v_first;
+    let mut q = x.q.to_f32().into_owned();
+    let mut k = x.k.to_f32().into_owned();
+    if opts.use_qk_l2norm {
+        q = crate::cpu::l2norm(&q, n * t * nh, dk)?;
+        k = crate::cpu::l2norm(&k, n * t * nh, dk)?;
+    }
+    let v = x.v.to_f32();
+    let a_log = x.a_log.as_ref().map(|a| a.to_f32().into_owned());
+    let dt_bias = x.dt_bias.as_ref().map(|a| a.to_f32().into_owned());
+    let (g, beta) = crate::cpu::gate(
+        p,
+        opts,
+        &x.g.to_f32(),
+        &x.beta.to_f32(),
+        a_log.as_deref(),
+        dt_bias.as_deref(),
+    )?;
+    let scale = opts.scale_for(dk);
+    let keep_all = token_states || idx.per_token.is_some();
+    let pool_ro: &[f32] = pool;
+
+    // Per task (n, j): o [T, V], and the K-major state after every token (or only the last).
+    let results: Vec<Option<(Vec<f32>, Vec<f32>)>> = (0..n * hv)
+        .into_par_iter()
+        .map(|task| {
+            let (seq, j) = (task / hv, task % hv);
+            let row = plan.read[seq];
+            if row < 0 {
+                return None;
+            }
+            let kh = p.qk_head(j);
+            let src = &pool_ro[(row as usize * hv + j) * kv..][..kv];
+            let mut s = if v_first {
+                crate::host::transpose_states(src, dk, dv, false)
+            } else {
+                src.to_vec()
+            };
+            let mut o = vec![0f32; t * dv];
+            let mut states = Vec::with_capacity(if keep_all { t * kv } else { kv });
+            let mut u = vec![0f32; dv];
+            for tok in 0..t {
+                let ti = seq * t + tok;
+                let tj = ti * hv + j;
+                let decay = g[tj].exp();
+                let k_row = &k[(ti * nh + kh) * dk..][..dk];
+                let q_row = &q[(ti * nh + kh) * dk..][..dk];
+                let v_row = &v[tj * dv..][..dv];
+                s.iter_mut().for_each(|e| *e *= decay);
+                u.iter_mut().for_each(|e| *e = 0.0);
+                for (r, &kr) in k_row.iter().enumerate() {
+                    crate::cpu::axpy(&mut u, kr, &s[r * dv..][..dv]);
+                }
+                for (uc, &vc) in u.iter_mut().zip(v_row) {
+                    *uc = beta[tj] * (vc - *uc);
+                }
+                let o_row = &mut o[tok * dv..][..dv];
+                for r in 0..dk {
+                    let srow = &mut s[r * dv..][..dv];
+                    crate::cpu::axpy(srow, k_row[r], &u);
+                    crate::cpu::axpy(o_row, scale * q_row[r], srow);
+                }
+                if keep_all || tok + 1 == t {
+                    states.extend_from_slice(&s);
+                }
+            }
+            Some((o, states))
+        })
+        .collect();
+
+    let layout = |s: &[f32]| {
+        if v_first {
+            crate::host::transpose_states(s, dk, dv, true)
+        } else {
+            s.to_vec()
+        }
+    };
+    let mut o = vec![0f32; n * t * hv * dv];
+    let mut dense = token_states.then(|| vec![0f32; n * t * hv * kv]);
+    for (task, res) in results.into_iter().enumerate() {
+        let Some((ot, states)) = res else { continue };
+        let (seq, j) = (task / hv, task % hv);
+        for tok in 0..t {
+            let tj = (seq * t + tok) * hv + j;
+            o[tj * dv..][..dv].copy_from_slice(&ot[tok * dv..][..dv]);
+        }
+        let after = |tok: usize| -> &[f32] {
+            if keep_all {
+                &states[tok * kv..][..kv]
+            } else {
+                &states[..kv]
+            }
+        };
+        if let Some(d) = dense.as_mut() {
+            for tok in 0..t {
+                let tj = (seq * t + tok) * hv + j;
+                d[tj * kv..][..kv].copy_from_slice(&layout(after(tok)));
+            }
+        }
+        // Per-token rows first, then the final row: the order the kernel writes in.
+        if let Some(pt) = &idx.per_token {
+            for tok in 0..t {
+                let w = pt.get(seq * t + tok);
+                if w >= 0 {
+                    pool[(w as usize * hv + j) * kv..][..kv].copy_from_slice(&layout(after(tok)));
+                }
+            }
+        }
+        let w = idx.write.map_or(plan.read[seq], |w| w.get(seq));
+        if w >= 0 {
+            pool[(w as usize * hv + j) * kv..][..kv].copy_from_slice(&layout(after(t - 1)));
+        }
+    }
+    debug_assert!(plan.pool_rows * hv * kv == pool.len());
+    Ok((o, dense))
+}
+
+/// A decode step whose inputs, pool and outputs live on a GPU, made once from host data and
+/// launched any number of times (each launch advances the pool again): what benchmarks and
+/// tests time, and the CUDA half of [`decode_step`].
+pub struct CudaStep {
+    dev: std::sync::Arc<crate::cuda::CudaDevice>,
+    shape: crate::cuda::decode::DecodeShape,
+    opts: Options,
+    out_dtype: DType,
+    inputs: Vec<cudarc::driver::CudaSlice<u8>>,
+    dtypes: Vec<DType>,
+    pool: cudarc::driver::CudaSlice<f32>,
+    o: cudarc::driver::CudaSlice<u8>,
+    token_states: Option<cudarc::driver::CudaSlice<f32>>,
+    indices: [Option<cuda_host::DevIdx>; 3],
+}
+
+impl std::fmt::Debug for CudaStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaStep {:?} on {}", self.shape, self.dev.name())
+    }
+}
+
+impl CudaStep {
+    /// Validates the step as [`decode_step`] does (indices included) and copies everything to
+    /// the GPU. `Err` also when the kernel does not take the head dimensions (see
+    /// [`crate::cuda::decode::check_dims`]).
+    pub fn new(
+        dev: std::sync::Arc<crate::cuda::CudaDevice>,
+        x: &Inputs<'_>,
+        pool: &[f32],
+        idx: &StateIndices<'_>,
+        token_states: bool,
+        opts: &Options,
+    ) -> Result<CudaStep> {
+        let plan = plan(x, pool.len(), idx, opts)?;
+        let p = Problem::from_inputs(x, opts)?;
+        cuda_host::new(dev, &p, &plan, x, pool, idx, token_states, opts)
+    }
+
+    /// Queues one launch on the device's stream (no waiting, no allocation).
+    pub fn launch(&mut self) -> Result<()> {
+        let bufs = cuda_host::buffers(self);
+        // SAFETY: every buffer is owned by `self`, made on the device's stream with the lengths
+        // `bufs` states; the indices were checked on the host against the pool and the
+        // no-sharing rule when `self` was made.
+        unsafe { crate::cuda::decode::decode_raw(&self.dev, &self.shape, &bufs, &self.opts) }
+    }
+
+    /// The sizes of the step.
+    pub fn shape(&self) -> crate::cuda::decode::DecodeShape {
+        self.shape
+    }
+
+    /// Bytes one launch must move at the least: the state rows of non-padding sequences read
+    /// and written (the per-token states too), q, k, v, g and beta read, o written.
+    pub fn min_bytes(&self, active_sequences: usize) -> u128 {
+        let s = self.shape;
+        let row = (s.hv * s.dk * s.dv * 4) as u128;
+        let active = active_sequences as u128;
+        let per_token_rows = self.indices[2].as_ref().map_or(0, |_| s.t as u128)
+            + self.token_states.as_ref().map_or(0, |_| s.t as u128);
+        let inputs: u128 = self.inputs[..5].iter().map(|b| b.len() as u128).sum();
+        (2 + per_token_rows) * active * row + inputs + self.o.len() as u128
+    }
+
+    /// Waits for the queued work and copies the results back: o, the pool, the per-token
+    /// states (if asked for).
+    pub fn download(&self) -> Result<(Tensor<'static>, Vec<f32>, Option<Vec<f32>>)> {
+        cuda_host::download(self)
+    }
+}
+
+/// The CUDA side of [`CudaStep`]: uploads, the kernel's buffer table, downloads.
+mod cuda_host {
+    use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
+
+    use super::*;
+    use crate::cuda::decode::{DecodeBuffers, DecodeShape, RawArray, RawIndices};
+    use crate::cuda::{cuda_err, CudaDevice};
+
+    fn up<T: DeviceRepr>(dev: &CudaDevice, data: &[T], what: &str) -> Result<CudaSlice<T>> {
+        dev.stream()
+            .clone_htod(data)
+            .map_err(cuda_err(format!("uploading {what}")))
+    }
+
+    fn alloc<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        dev: &CudaDevice,
+        len: usize,
+        what: &str,
+    ) -> Result<CudaSlice<T>> {
+        dev.stream()
+            .alloc_zeros(len)
+            .map_err(cuda_err(format!("allocating {what}")))
+    }
+
+    fn ptr<T>(s: &CudaSlice<T>) -> u64 {
+        let (p, _sync) = s.device_ptr(s.stream());
+        p
+    }
+
+    pub(super) enum DevIdx {
+        I32(CudaSlice<i32>),
+        I64(CudaSlice<i64>),
+    }
+
+    fn indices(dev: &CudaDevice, i: &Option<Indices<'_>>) -> Result<Option<DevIdx>> {
+        Ok(match i {
+            None => None,
+            Some(Indices::I32(x)) => Some(DevIdx::I32(up(dev, x, "indices")?)),
+            Some(Indices::I64(x)) => Some(DevIdx::I64(up(dev, x, "indices")?)),
+        })
+    }
+
+    fn raw_idx(i: &Option<DevIdx>) -> Option<RawIndices> {
+        i.as_ref().map(|i| match i {
+            DevIdx::I32(s) => RawIndices {
+                ptr: ptr(s),
+                len: s.len(),
+                wide: false,
+            },
+            DevIdx::I64(s) => RawIndices {
+                ptr: ptr(s),
+                len: s.len(),
+                wide: true,
+            },
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        dev: std::sync::Arc<CudaDevice>,
+        p: &Problem,
+        plan: &Plan,
+        x: &Inputs<'_>,
+        pool: &[f32],
+        idx: &StateIndices<'_>,
+        token_states: bool,
+        opts: &Options,
+    ) -> Result<CudaStep> {
+        let (n, t, hv, dk, dv) = (plan.n, plan.t, p.v_heads(), p.dk(), p.dv());
+        crate::cuda::decode::check_dims(dk, dv)?;
+        let d = dev.as_ref();
+        let out_dtype = opts.out_dtype.unwrap_or(x.q.dtype());
+        // q, k, v, g, beta, then A_log and dt_bias with gate_in_kernel, as bytes.
+        let mut tensors = vec![&x.q, &x.k, &x.v, &x.g, &x.beta];
+        tensors.extend(x.a_log.iter().chain(x.dt_bias.iter()));
+        let inputs = tensors
+            .iter()
+            .map(|t| up(d, t.as_bytes(), "an input"))
+            .collect::<Result<Vec<_>>>()?;
+        let dtypes = tensors.iter().map(|t| t.dtype()).collect();
+        let o_len = n * t * hv * dv;
+        Ok(CudaStep {
+            shape: DecodeShape {
+                n,
+                t,
+                h: p.heads(),
+                hv,
+                dk,
+                dv,
+                pool: plan.pool_rows,
+            },
+            opts: opts.clone(),
+            out_dtype,
+            inputs,
+            dtypes,
+            pool: up(d, pool, "the state pool")?,
+            o: alloc(d, o_len * out_dtype.size(), "o")?,
+            token_states: if token_states {
+                Some(alloc(d, n * t * hv * dk * dv, "token_states")?)
+            } else {
+                None
+            },
+            indices: [
+                indices(d, &idx.read)?,
+                indices(d, &idx.write)?,
+                indices(d, &idx.per_token)?,
+            ],
+            dev,
+        })
+    }
+
+    pub(super) fn buffers(s: &CudaStep) -> DecodeBuffers {
+        let raw = |i: usize| RawArray {
+            ptr: ptr(&s.inputs[i]),
+            len: s.inputs[i].len() / s.dtypes[i].size(),
+            dtype: s.dtypes[i],
+        };
+        let gate = s.inputs.len() == 7;
+        DecodeBuffers {
+            q: raw(0),
+            k: raw(1),
+            v: raw(2),
+            g: raw(3),
+            beta: raw(4),
+            a_log: gate.then(|| raw(5)),
+            dt_bias: gate.then(|| raw(6)),
+            pool: RawArray {
+                ptr: ptr(&s.pool),
+                len: s.pool.len(),
+                dtype: DType::F32,
+            },
+            o: RawArray {
+                ptr: ptr(&s.o),
+                len: s.o.len() / s.out_dtype.size(),
+                dtype: s.out_dtype,
+            },
+            read: raw_idx(&s.indices[0]),
+            write: raw_idx(&s.indices[1]),
+            per_token: raw_idx(&s.indices[2]),
+            token_states: s.token_states.as_ref().map(|b| RawArray {
+                ptr: ptr(b),
+                len: b.len(),
+                dtype: DType::F32,
+            }),
+        }
+    }
+
+    pub(super) fn download(s: &CudaStep) -> Result<(Tensor<'static>, Vec<f32>, Option<Vec<f32>>)> {
+        let st = s.dev.stream();
+        let o = st.clone_dtoh(&s.o).map_err(cuda_err("downloading o"))?;
+        let pool = st
+            .clone_dtoh(&s.pool)
+            .map_err(cuda_err("downloading the state pool"))?;
+        let ts = s
+            .token_states
+            .as_ref()
+            .map(|b| {
+                st.clone_dtoh(b)
+                    .map_err(cuda_err("downloading token_states"))
+            })
+            .transpose()?;
+        let sh = s.shape;
+        let o = Tensor::from_bytes(s.out_dtype, &o, vec![sh.n, sh.t, sh.hv, sh.dv])?.into_owned();
+        Ok((o, pool, ts))
+    }
+}

@@ -1,0 +1,849 @@
+//! Decode steps over a state pool (`deltanet::decode`). On the CPU: every option and both state
+//! layouts against the float64 oracle, with pool indices, padding, separate output rows and
+//! per-token states; T tokens at once against T single steps; bad input refused. On a GPU: the
+//! kernel against the oracle and the CPU (skipped, saying so, where no GPU can be used). The
+//! kernel's source compiles through NVRTC without a GPU.
+
+use std::sync::{Arc, OnceLock};
+
+use deltanet::cuda::CudaDevice;
+use deltanet::decode::{decode_step, DecodeOutput, Indices, StateIndices};
+use deltanet::reference::{reference, rel_l2};
+use deltanet::selftest::Rng;
+use deltanet::{recurrent_step, DType, Device, Error, HeadMap, Inputs, Options, Tensor};
+
+/// The sizes of one random step.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    n: usize,
+    t: usize,
+    h: usize,
+    hv: usize,
+    dk: usize,
+    dv: usize,
+    pool: usize,
+}
+
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// Random inputs matching `opts` (raw gate and logits where the options activate them).
+fn inputs(rng: &mut Rng, s: Shape, dtype: DType, opts: &Options) -> Inputs<'static> {
+    let Shape {
+        n,
+        t,
+        h,
+        hv,
+        dk,
+        dv,
+        ..
+    } = s;
+    let unit = |mut x: Vec<f32>| {
+        if !opts.use_qk_l2norm {
+            for r in x.chunks_mut(dk) {
+                let norm = r.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-3);
+                r.iter_mut().for_each(|v| *v /= norm);
+            }
+        }
+        x
+    };
+    let q = unit(rng.normal(n * t * h * dk, 1.0));
+    let k = unit(rng.normal(n * t * h * dk, 1.0));
+    let v = rng.normal(n * t * hv * dv, 1.0);
+    let g: Vec<f32> = (0..n * t * hv)
+        .map(|_| {
+            if opts.gate_in_kernel {
+                rng.range(-3.0, 3.0)
+            } else {
+                -softplus(rng.range(-5.0, 1.0)) * 0.5
+            }
+        })
+        .collect();
+    let beta: Vec<f32> = (0..n * t * hv)
+        .map(|_| {
+            if opts.beta_is_logits {
+                rng.range(-4.0, 4.0)
+            } else {
+                rng.range(0.0, 1.0)
+            }
+        })
+        .collect();
+    let mut x = Inputs::new(
+        Tensor::cast_from_f32(&q, vec![n, t, h, dk], dtype).unwrap(),
+        Tensor::cast_from_f32(&k, vec![n, t, h, dk], dtype).unwrap(),
+        Tensor::cast_from_f32(&v, vec![n, t, hv, dv], dtype).unwrap(),
+        Tensor::from_f32(g, vec![n, t, hv]).unwrap(),
+        Tensor::cast_from_f32(&beta, vec![n, t, hv], dtype).unwrap(),
+    );
+    if opts.gate_in_kernel {
+        let a: Vec<f32> = (0..hv).map(|_| rng.range(-2.0, 1.0)).collect();
+        let d: Vec<f32> = (0..hv).map(|_| rng.range(-1.0, 1.0)).collect();
+        x.a_log = Some(Tensor::from_f32(a, vec![hv]).unwrap());
+        x.dt_bias = Some(Tensor::from_f32(d, vec![hv]).unwrap());
+    }
+    x
+}
+
+/// Sequence `n`'s first `len` tokens as a batch of one (the caller sets its initial state).
+fn one_sequence(x: &Inputs<'static>, s: Shape, n: usize, len: usize) -> Inputs<'static> {
+    let cut = |t: &Tensor<'_>, per_token: usize| {
+        let all = t.to_f32();
+        let from = n * s.t * per_token;
+        let mut shape = t.shape().to_vec();
+        shape[0] = 1;
+        shape[1] = len;
+        Tensor::from_f32(all[from..from + len * per_token].to_vec(), shape).unwrap()
+    };
+    let mut one = Inputs::new(
+        cut(&x.q, s.h * s.dk),
+        cut(&x.k, s.h * s.dk),
+        cut(&x.v, s.hv * s.dv),
+        cut(&x.g, s.hv),
+        cut(&x.beta, s.hv),
+    );
+    one.a_log = x.a_log.clone();
+    one.dt_bias = x.dt_bias.clone();
+    one
+}
+
+/// What the oracle says a step does: o, the pool after it, and the state after every token,
+/// all in float64.
+struct Expected {
+    o: Vec<f64>,
+    pool: Vec<f64>,
+    token_states: Vec<f64>,
+}
+
+fn oracle(
+    x: &Inputs<'static>,
+    s: Shape,
+    pool: &[f32],
+    idx: &StateIndices<'_>,
+    opts: &Options,
+) -> Expected {
+    let row = s.hv * s.dk * s.dv;
+    let state_shape = if opts.state_v_first {
+        vec![1, s.hv, s.dv, s.dk]
+    } else {
+        vec![1, s.hv, s.dk, s.dv]
+    };
+    let mut o = vec![0f64; s.n * s.t * s.hv * s.dv];
+    let mut out_pool: Vec<f64> = pool.iter().map(|&v| v as f64).collect();
+    let mut token_states = vec![0f64; s.n * s.t * row];
+    let mut writes: Vec<(i64, Vec<f64>)> = Vec::new();
+    let o_tok = s.hv * s.dv;
+    for n in 0..s.n {
+        let r = idx.read.map_or(n as i64, |i| i.get(n));
+        if r < 0 {
+            continue;
+        }
+        let init = &pool[r as usize * row..][..row];
+        let mut after = Vec::new();
+        for len in 1..=s.t {
+            let mut one = one_sequence(x, s, n, len);
+            one.initial_state = Some(Tensor::from_f32(init.to_vec(), state_shape.clone()).unwrap());
+            let re = reference(&one, opts).unwrap();
+            if len == s.t {
+                o[n * s.t * o_tok..][..s.t * o_tok].copy_from_slice(&re.o);
+            }
+            token_states[(n * s.t + len - 1) * row..][..row].copy_from_slice(&re.final_state);
+            after.push(re.final_state);
+        }
+        if let Some(pt) = &idx.per_token {
+            for (t, st) in after.iter().enumerate() {
+                writes.push((pt.get(n * s.t + t), st.clone()));
+            }
+        }
+        let w = idx.write.map_or(r, |i| i.get(n));
+        writes.push((w, after[s.t - 1].clone()));
+    }
+    for (w, st) in writes {
+        if w >= 0 {
+            out_pool[w as usize * row..][..row].copy_from_slice(&st);
+        }
+    }
+    Expected {
+        o,
+        pool: out_pool,
+        token_states,
+    }
+}
+
+/// Every option combination worth telling apart, with both layouts and head maps.
+fn option_sets() -> Vec<Options> {
+    let mut v = Vec::new();
+    for (l2, logits, neg, gate) in [
+        (false, false, false, false),
+        (true, false, false, false),
+        (true, true, false, true),
+        (false, true, true, false),
+        (true, true, true, true),
+    ] {
+        for v_first in [false, true] {
+            for head_map in [HeadMap::Grouped, HeadMap::Tiled] {
+                v.push(Options {
+                    use_qk_l2norm: l2,
+                    beta_is_logits: logits,
+                    allow_neg_eigval: neg,
+                    gate_in_kernel: gate,
+                    state_v_first: v_first,
+                    head_map,
+                    out_dtype: Some(DType::F32),
+                    scale: if gate { Some(0.3) } else { None },
+                    ..Options::default()
+                });
+            }
+        }
+    }
+    v
+}
+
+/// A random index plan over a pool of `s.pool` rows: distinct read rows (some padding), and
+/// optionally separate write rows and per-token rows, none shared between sequences.
+struct IndexPlan {
+    read: Vec<i64>,
+    write: Option<Vec<i64>>,
+    per_token: Option<Vec<i64>>,
+}
+
+fn index_plan(rng: &mut Rng, s: Shape, separate_write: bool, per_token: bool) -> IndexPlan {
+    let mut rows: Vec<i64> = (0..s.pool as i64).collect();
+    for i in (1..rows.len()).rev() {
+        rows.swap(i, rng.int(0, i));
+    }
+    let mut next = rows.into_iter();
+    let read: Vec<i64> = (0..s.n)
+        .map(|_| {
+            if rng.chance(0.25) {
+                -1
+            } else {
+                next.next().expect("pool too small")
+            }
+        })
+        .collect();
+    let write = separate_write.then(|| {
+        (0..s.n)
+            .map(|_| {
+                if rng.chance(0.2) {
+                    -1
+                } else {
+                    next.next().expect("pool too small")
+                }
+            })
+            .collect()
+    });
+    let per_token = per_token.then(|| {
+        (0..s.n * s.t)
+            .map(|_| {
+                if rng.chance(0.3) {
+                    -1
+                } else {
+                    next.next().expect("pool too small")
+                }
+            })
+            .collect()
+    });
+    IndexPlan {
+        read,
+        write,
+        per_token,
+    }
+}
+
+/// Borrowed indices in i32 or i64.
+struct Owned {
+    i32s: [Option<Vec<i32>>; 3],
+    i64s: [Option<Vec<i64>>; 3],
+}
+
+impl Owned {
+    fn new(p: &IndexPlan, wide: bool) -> Owned {
+        let all = [Some(p.read.clone()), p.write.clone(), p.per_token.clone()];
+        if wide {
+            Owned {
+                i32s: [None, None, None],
+                i64s: all,
+            }
+        } else {
+            Owned {
+                i32s: all.map(|o| o.map(|v| v.iter().map(|&x| x as i32).collect())),
+                i64s: [None, None, None],
+            }
+        }
+    }
+    fn get(&self, i: usize) -> Option<Indices<'_>> {
+        match (&self.i32s[i], &self.i64s[i]) {
+            (Some(v), _) => Some(Indices::I32(v)),
+            (_, Some(v)) => Some(Indices::I64(v)),
+            _ => None,
+        }
+    }
+    fn indices(&self) -> StateIndices<'_> {
+        StateIndices {
+            read: self.get(0),
+            write: self.get(1),
+            per_token: self.get(2),
+        }
+    }
+}
+
+fn check_against(what: &str, out: &DecodeOutput, pool: &[f32], e: &Expected, tol: f64) {
+    let o = out.o.to_f32();
+    let err_o = rel_l2(&o, &e.o);
+    let err_pool = rel_l2(pool, &e.pool);
+    assert!(err_o < tol, "{what}: o rel err {err_o:e}");
+    assert!(err_pool < tol, "{what}: pool rel err {err_pool:e}");
+    if let Some(ts) = &out.token_states {
+        let err = rel_l2(&ts.to_f32(), &e.token_states);
+        assert!(err < tol, "{what}: token states rel err {err:e}");
+    }
+}
+
+/// One random step on `device` against the oracle, for every option set.
+fn pool_cases(device: &Device, shapes: &[Shape], seed: u64) {
+    let mut rng = Rng::new(seed);
+    let mut cases = 0;
+    for &s in shapes {
+        for (i, opts) in option_sets().into_iter().enumerate() {
+            let dtype = [DType::F32, DType::BF16, DType::F16][i % 3];
+            let wide = i % 2 == 0;
+            let separate_write = i % 3 != 1;
+            let per_token = s.t > 1 && i % 2 == 1;
+            let dense = i % 4 != 2;
+            let x = inputs(&mut rng, s, dtype, &opts);
+            let plan = index_plan(&mut rng, s, separate_write, per_token);
+            let owned = Owned::new(&plan, wide);
+            let idx = owned.indices();
+            let mut pool = rng.normal(s.pool * s.hv * s.dk * s.dv, 0.3);
+            let e = oracle(&x, s, &pool, &idx, &opts);
+            let out = decode_step(device, &x, &mut pool, &idx, dense, &opts).unwrap();
+            let what = format!("{} {s:?} {dtype} {opts:?} wide={wide}", device.name());
+            assert_eq!(out.token_states.is_some(), dense);
+            check_against(&what, &out, &pool, &e, 1e-5);
+            // Padding slots: zeros everywhere.
+            let o = out.o.to_f32();
+            for (n, &r) in plan.read.iter().enumerate() {
+                if r < 0 {
+                    let per = s.t * s.hv * s.dv;
+                    assert!(o[n * per..][..per].iter().all(|&v| v == 0.0), "{what}");
+                }
+            }
+            cases += 1;
+        }
+    }
+    eprintln!("{}: {cases} pool cases against the oracle", device.name());
+}
+
+const CPU_SHAPES: [Shape; 3] = [
+    Shape {
+        n: 3,
+        t: 1,
+        h: 1,
+        hv: 2,
+        dk: 5,
+        dv: 3,
+        pool: 16,
+    },
+    Shape {
+        n: 4,
+        t: 3,
+        h: 2,
+        hv: 4,
+        dk: 8,
+        dv: 6,
+        pool: 40,
+    },
+    Shape {
+        n: 2,
+        t: 8,
+        h: 1,
+        hv: 2,
+        dk: 16,
+        dv: 8,
+        pool: 40,
+    },
+];
+
+#[test]
+fn cpu_pool_steps_match_the_oracle_for_every_option() {
+    pool_cases(&Device::Cpu, &CPU_SHAPES, 1);
+}
+
+/// T tokens in one step equal T steps of one token, output and per-token states alike.
+fn multi_token_equals_single_steps(device: &Device, s: Shape, exact: bool) {
+    let mut rng = Rng::new(7);
+    for opts in option_sets() {
+        let x = inputs(&mut rng, s, DType::BF16, &opts);
+        let plan = index_plan(&mut rng, s, false, false);
+        let owned = Owned::new(&plan, true);
+        let idx = owned.indices();
+        let pool0 = rng.normal(s.pool * s.hv * s.dk * s.dv, 0.3);
+        let mut pool_multi = pool0.clone();
+        let multi = decode_step(device, &x, &mut pool_multi, &idx, true, &opts).unwrap();
+        let mut pool_single = pool0.clone();
+        let one = Shape { t: 1, ..s };
+        let row = s.hv * s.dk * s.dv;
+        let o_multi = multi.o.to_f32();
+        let ts_multi = multi.token_states.as_ref().unwrap().to_f32();
+        for t in 0..s.t {
+            let pick = |tensor: &Tensor<'_>, per: usize| {
+                let all = tensor.to_f32();
+                let mut v = Vec::new();
+                for n in 0..s.n {
+                    v.extend_from_slice(&all[(n * s.t + t) * per..][..per]);
+                }
+                let mut shape = tensor.shape().to_vec();
+                shape[1] = 1;
+                Tensor::from_f32(v, shape).unwrap()
+            };
+            let mut xt = Inputs::new(
+                pick(&x.q, s.h * s.dk),
+                pick(&x.k, s.h * s.dk),
+                pick(&x.v, s.hv * s.dv),
+                pick(&x.g, s.hv),
+                pick(&x.beta, s.hv),
+            );
+            xt.a_log = x.a_log.clone();
+            xt.dt_bias = x.dt_bias.clone();
+            let single = decode_step(device, &xt, &mut pool_single, &idx, true, &opts).unwrap();
+            let o1 = single.o.to_f32();
+            let ts1 = single.token_states.unwrap();
+            let ts1 = ts1.to_f32();
+            let _ = one;
+            for n in 0..s.n {
+                let per = s.hv * s.dv;
+                let a = &o_multi[(n * s.t + t) * per..][..per];
+                let b = &o1[n * per..][..per];
+                let sa = &ts_multi[(n * s.t + t) * row..][..row];
+                let sb = &ts1[n * row..][..row];
+                if exact {
+                    assert_eq!(a, b, "o, token {t}, sequence {n}, {opts:?}");
+                    assert_eq!(sa, sb, "state, token {t}, sequence {n}, {opts:?}");
+                } else {
+                    let wide = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+                    assert!(rel_l2(a, &wide(b)) < 1e-5, "o, token {t}, {opts:?}");
+                    assert!(rel_l2(sa, &wide(sb)) < 1e-5, "state, token {t}, {opts:?}");
+                }
+            }
+        }
+        let wide: Vec<f64> = pool_single.iter().map(|&x| x as f64).collect();
+        if exact {
+            assert_eq!(pool_multi, pool_single, "{opts:?}");
+        } else {
+            assert!(rel_l2(&pool_multi, &wide) < 1e-5, "{opts:?}");
+        }
+    }
+}
+
+#[test]
+fn cpu_multi_token_step_equals_single_steps_bitwise() {
+    multi_token_equals_single_steps(
+        &Device::Cpu,
+        Shape {
+            n: 3,
+            t: 5,
+            h: 2,
+            hv: 4,
+            dk: 8,
+            dv: 4,
+            pool: 7,
+        },
+        true,
+    );
+}
+
+fn small_inputs(n: usize, t: usize) -> (Inputs<'static>, Shape) {
+    let s = Shape {
+        n,
+        t,
+        h: 1,
+        hv: 2,
+        dk: 4,
+        dv: 4,
+        pool: 6,
+    };
+    let mut rng = Rng::new(3);
+    (inputs(&mut rng, s, DType::F32, &Options::default()), s)
+}
+
+fn expect_err(r: deltanet::Result<DecodeOutput>, arg: &str) {
+    match r {
+        Err(Error::Invalid { arg: a, .. }) if a == arg => {}
+        other => panic!("expected an Err naming {arg}, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_indices_and_shapes_are_refused_and_leave_the_pool() {
+    let (x, s) = small_inputs(3, 2);
+    let opts = Options::default();
+    let mut rng = Rng::new(9);
+    let pool0 = rng.normal(s.pool * s.hv * s.dk * s.dv, 1.0);
+    let mut pool = pool0.clone();
+    let run = |pool: &mut Vec<f32>, idx: StateIndices<'_>| {
+        decode_step(&Device::Cpu, &x, pool, &idx, false, &opts)
+    };
+    let i32s = |v: &'static [i32]| Some(Indices::I32(v));
+    // Two sequences updating one row in place.
+    expect_err(
+        run(
+            &mut pool,
+            StateIndices {
+                read: i32s(&[0, 4, 0]),
+                ..Default::default()
+            },
+        ),
+        "state_indices",
+    );
+    // Two sequences writing one row.
+    expect_err(
+        run(
+            &mut pool,
+            StateIndices {
+                read: i32s(&[0, 1, 2]),
+                write: i32s(&[3, 3, 5]),
+                ..Default::default()
+            },
+        ),
+        "out_state_indices",
+    );
+    // A row written by one sequence and read by another.
+    expect_err(
+        run(
+            &mut pool,
+            StateIndices {
+                read: i32s(&[0, 1, 2]),
+                write: i32s(&[1, 3, 4]),
+                ..Default::default()
+            },
+        ),
+        "state_indices",
+    );
+    // Per-token rows colliding with another sequence's final row.
+    expect_err(
+        run(
+            &mut pool,
+            StateIndices {
+                read: i32s(&[0, 1, 2]),
+                per_token: i32s(&[-1, 5, -1, -1, -1, 5]),
+                ..Default::default()
+            },
+        ),
+        "token_state_indices",
+    );
+    // Past the pool, wrong lengths.
+    expect_err(
+        run(
+            &mut pool,
+            StateIndices {
+                read: i32s(&[0, 6, 1]),
+                ..Default::default()
+            },
+        ),
+        "state_indices",
+    );
+    expect_err(
+        run(
+            &mut pool,
+            StateIndices {
+                read: i32s(&[0, 1]),
+                ..Default::default()
+            },
+        ),
+        "state_indices",
+    );
+    expect_err(
+        run(
+            &mut pool,
+            StateIndices {
+                read: i32s(&[0, 1, 2]),
+                per_token: i32s(&[3, 4, 5]),
+                ..Default::default()
+            },
+        ),
+        "token_state_indices",
+    );
+    assert_eq!(pool, pool0, "a refused step must leave the pool untouched");
+    // A pool that is not whole rows; varlen; an initial state.
+    let mut short = vec![0f32; s.hv * s.dk * s.dv * 2 + 1];
+    expect_err(run(&mut short, StateIndices::default()), "state");
+    let mut two_rows = vec![0f32; s.hv * s.dk * s.dv * 2];
+    expect_err(run(&mut two_rows, StateIndices::default()), "state");
+    let mut xv = x.clone();
+    xv.cu_seqlens = Some(vec![0, 2]);
+    expect_err(
+        decode_step(
+            &Device::Cpu,
+            &xv,
+            &mut pool,
+            &StateIndices::default(),
+            false,
+            &opts,
+        ),
+        "cu_seqlens",
+    );
+    // Sharing a row that is only read is allowed: two forks of one prefix.
+    let before = pool[..s.hv * s.dk * s.dv].to_vec();
+    run(
+        &mut pool,
+        StateIndices {
+            read: i32s(&[0, 0, -1]),
+            write: i32s(&[1, 2, 2]),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(&pool[..before.len()], &before[..], "row 0 was only read");
+}
+
+#[test]
+fn recurrent_step_on_the_cpu_equals_a_decode_step() {
+    let (x, s) = small_inputs(3, 4);
+    let opts = Options::default();
+    let mut rng = Rng::new(5);
+    let mut a = rng.normal(s.n * s.hv * s.dk * s.dv, 1.0);
+    let mut b = a.clone();
+    let o1 = recurrent_step(&Device::Cpu, &x, &mut a, &opts).unwrap();
+    let o2 = decode_step(
+        &Device::Cpu,
+        &x,
+        &mut b,
+        &StateIndices::default(),
+        false,
+        &opts,
+    )
+    .unwrap()
+    .o;
+    assert_eq!(o1.to_f32(), o2.to_f32());
+    assert_eq!(a, b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel.
+
+#[test]
+fn decode_kernel_compiles_with_nvrtc_and_moves_16_byte_vectors() {
+    if !deltanet::cuda::registry::nvrtc_available() {
+        eprintln!("skipped: libnvrtc cannot be loaded on this machine");
+        return;
+    }
+    for arch in ["sm_90", "sm_80"] {
+        let ptx = deltanet::cuda::decode::ptx(arch).unwrap();
+        for f in ["decode_kv", "decode_vk"] {
+            assert!(ptx.contains(&format!(".entry {f}")), "{arch}: no {f}");
+        }
+        assert!(
+            ptx.contains("ld.global.v4.f32"),
+            "{arch}: no 16-byte state loads"
+        );
+        assert!(
+            ptx.contains("st.global.v4.f32"),
+            "{arch}: no 16-byte state stores"
+        );
+        assert!(
+            !ptx.contains(".local"),
+            "{arch}: local memory in the decode kernel"
+        );
+    }
+}
+
+/// The kernel's CUDA source run on the CPU (lanes as threads, see dev/decode_emulate.py)
+/// against a float64 reference: every layout, K from 16 to 256, partial column tiles, every
+/// option and index kind, and warps looping over several items.
+#[test]
+fn decode_kernel_source_runs_correctly_under_host_emulation() {
+    let have = |cmd: &str| {
+        std::process::Command::new(cmd)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !have("g++") || !have("python3") {
+        eprintln!("skipped: the host emulation needs g++ and python3");
+        return;
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dev/decode_emulate.py");
+    if !script.exists() {
+        eprintln!("skipped: {} not found", script.display());
+        return;
+    }
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg("40")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{}", log.lines().last().unwrap_or(""));
+    assert!(
+        out.status.success(),
+        "{log}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(log.contains("0/40 cases failed"), "{log}");
+}
+
+fn gpu() -> Option<Device> {
+    static DEV: OnceLock<Option<Arc<CudaDevice>>> = OnceLock::new();
+    DEV.get_or_init(|| match CudaDevice::new(0) {
+        Ok(d) => {
+            eprintln!("GPU tests run on {}", d.name());
+            Some(Arc::new(d))
+        }
+        Err(e) => {
+            eprintln!("skipped: no usable GPU ({e})");
+            None
+        }
+    })
+    .clone()
+    .map(Device::Cuda)
+}
+
+const GPU_SHAPES: [Shape; 5] = [
+    Shape {
+        n: 3,
+        t: 1,
+        h: 2,
+        hv: 4,
+        dk: 128,
+        dv: 128,
+        pool: 16,
+    },
+    Shape {
+        n: 4,
+        t: 3,
+        h: 1,
+        hv: 2,
+        dk: 64,
+        dv: 36,
+        pool: 40,
+    },
+    Shape {
+        n: 2,
+        t: 8,
+        h: 1,
+        hv: 2,
+        dk: 16,
+        dv: 132,
+        pool: 40,
+    },
+    Shape {
+        n: 3,
+        t: 2,
+        h: 1,
+        hv: 1,
+        dk: 256,
+        dv: 12,
+        pool: 20,
+    },
+    Shape {
+        n: 5,
+        t: 1,
+        h: 1,
+        hv: 3,
+        dk: 32,
+        dv: 200,
+        pool: 9,
+    },
+];
+
+#[test]
+fn gpu_pool_steps_match_the_oracle_for_every_option() {
+    let Some(dev) = gpu() else {
+        eprintln!("skipped: gpu_pool_steps_match_the_oracle_for_every_option (no GPU)");
+        return;
+    };
+    pool_cases(&dev, &GPU_SHAPES, 11);
+}
+
+#[test]
+fn gpu_multi_token_step_equals_single_steps() {
+    let Some(dev) = gpu() else {
+        eprintln!("skipped: gpu_multi_token_step_equals_single_steps (no GPU)");
+        return;
+    };
+    multi_token_equals_single_steps(
+        &dev,
+        Shape {
+            n: 3,
+            t: 6,
+            h: 2,
+            hv: 4,
+            dk: 128,
+            dv: 128,
+            pool: 7,
+        },
+        false,
+    );
+}
+
+#[test]
+fn gpu_matches_the_cpu_and_recurrent_step_uses_the_kernel() {
+    let Some(dev) = gpu() else {
+        eprintln!("skipped: gpu_matches_the_cpu_and_recurrent_step_uses_the_kernel (no GPU)");
+        return;
+    };
+    let mut rng = Rng::new(21);
+    let s = Shape {
+        n: 6,
+        t: 4,
+        h: 2,
+        hv: 4,
+        dk: 128,
+        dv: 128,
+        pool: 30,
+    };
+    for opts in option_sets() {
+        let x = inputs(&mut rng, s, DType::BF16, &opts);
+        let plan = index_plan(&mut rng, s, true, true);
+        let owned = Owned::new(&plan, false);
+        let idx = owned.indices();
+        let pool0 = rng.normal(s.pool * s.hv * s.dk * s.dv, 0.3);
+        let (mut pc, mut pg) = (pool0.clone(), pool0.clone());
+        let c = decode_step(&Device::Cpu, &x, &mut pc, &idx, true, &opts).unwrap();
+        let g = decode_step(&dev, &x, &mut pg, &idx, true, &opts).unwrap();
+        let wide = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+        assert!(
+            rel_l2(&g.o.to_f32(), &wide(&c.o.to_f32())) < 1e-5,
+            "{opts:?}"
+        );
+        assert!(rel_l2(&pg, &wide(&pc)) < 1e-5, "{opts:?}");
+        let (tc, tg) = (c.token_states.unwrap(), g.token_states.unwrap());
+        assert!(rel_l2(&tg.to_f32(), &wide(&tc.to_f32())) < 1e-5, "{opts:?}");
+        // Rows no index names are untouched, bitwise.
+        let row = s.hv * s.dk * s.dv;
+        let mut named = vec![false; s.pool];
+        for v in [
+            Some(&plan.read),
+            plan.write.as_ref(),
+            plan.per_token.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            v.iter()
+                .filter(|&&r| r >= 0)
+                .for_each(|&r| named[r as usize] = true);
+        }
+        for (r, _) in named.iter().enumerate().filter(|(_, &n)| !n) {
+            assert_eq!(&pg[r * row..][..row], &pool0[r * row..][..row], "row {r}");
+        }
+
+        // recurrent_step (a pool of N rows, in place) on the GPU against the oracle.
+        let mut state = rng.normal(s.n * row, 0.3);
+        let e = oracle(
+            &x,
+            Shape { pool: s.n, ..s },
+            &state,
+            &StateIndices::default(),
+            &opts,
+        );
+        let o = recurrent_step(&dev, &x, &mut state, &opts).unwrap();
+        assert!(rel_l2(&o.to_f32(), &e.o) < 1e-5, "recurrent_step {opts:?}");
+        assert!(rel_l2(&state, &e.pool) < 1e-5, "recurrent_step {opts:?}");
+    }
+}
