@@ -211,7 +211,15 @@ struct IndexPlan {
     per_token: Option<Vec<i64>>,
 }
 
+/// Distinct random pool rows for the reads, the separate writes and the per-token states (some
+/// slots padding): the pool must hold a row for every slot that may ask for one.
 fn index_plan(rng: &mut Rng, s: Shape, separate_write: bool, per_token: bool) -> IndexPlan {
+    let slots = s.n * (1 + usize::from(separate_write) + if per_token { s.t } else { 0 });
+    assert!(
+        s.pool >= slots,
+        "a pool of {} rows cannot give distinct rows to the {slots} slots of {s:?}",
+        s.pool
+    );
     let mut rows: Vec<i64> = (0..s.pool as i64).collect();
     for i in (1..rows.len()).rev() {
         rows.swap(i, rng.int(0, i));
@@ -747,7 +755,7 @@ const GPU_SHAPES: [Shape; 5] = [
         hv: 3,
         dk: 32,
         dv: 200,
-        pool: 9,
+        pool: 16,
     },
 ];
 
@@ -795,7 +803,7 @@ fn gpu_matches_the_cpu_and_recurrent_step_uses_the_kernel() {
         hv: 4,
         dk: 128,
         dv: 128,
-        pool: 30,
+        pool: 40,
     };
     for opts in option_sets() {
         let x = inputs(&mut rng, s, DType::BF16, &opts);

@@ -235,15 +235,11 @@ pub fn supported(dev: &CudaDevice, p: &Problem, opts: &Options) -> bool {
     if !shaped_for(p, opts) {
         return false;
     }
-    let cfg = config(dev, p, DType::BF16, &Tuning::default());
-    let f32cfg = Config {
-        dtype: DType::F32,
-        nbuf: 1,
-        ..cfg
-    };
+    // f32 inputs need the most shared memory; every tuning falls back to what fits there.
+    let cfg = config(dev, p, DType::F32, &Tuning::default());
     Kernel::ALL
         .iter()
-        .all(|&k| f32cfg.shared_bytes(k) <= dev.max_shared_per_block())
+        .all(|&k| cfg.shared_bytes(k) <= dev.max_shared_per_block())
 }
 
 /// The device-independent part of [`supported`]: chunk size 64, K and V multiples of 16 up to
@@ -312,8 +308,13 @@ fn config(dev: &CudaDevice, p: &Problem, dtype: DType, tuning: &Tuning) -> Confi
         nbuf: if tuning.nbuf == Some(1) { 1 } else { 2 },
         wide,
     };
+    // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
         cfg.nbuf = 1;
+    }
+    if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() && cfg.vt == 32 {
+        cfg.vt = 16;
+        cfg.wide = false;
     }
     cfg
 }
