@@ -159,6 +159,7 @@ fn tunings() -> Vec<fused::Tuning> {
         Tuning::default(),
         Tuning {
             vt: Some(32),
+            wide: Some(false),
             ..Tuning::default()
         },
         Tuning {
@@ -167,11 +168,12 @@ fn tunings() -> Vec<fused::Tuning> {
             ..Tuning::default()
         },
         Tuning {
-            wide: true,
+            wide: Some(true),
             ..Tuning::default()
         },
         Tuning {
             fma: true,
+            wide: Some(false),
             ..Tuning::default()
         },
     ]
@@ -319,4 +321,103 @@ fn fused_time_resident_bf16() {
             dev.name()
         );
     }
+}
+
+/// A NaN or an infinity in k, v, g or beta at token t of a (sequence, value head) leaves the
+/// earlier tokens of it, and every other (sequence, value head), as the clean run computes them
+/// (what `forward` promises); a non-finite q reaches its own output row only; a g of -infinity
+/// is a hard reset, everything finite and equal to float64.
+#[test]
+fn fused_keeps_non_finite_inputs_causal_or_skip_without_gpu() {
+    let dev = match CudaDevice::new(0) {
+        Ok(d) => Arc::new(d),
+        Err(e) => {
+            eprintln!("SKIPPED: no usable GPU ({e})");
+            return;
+        }
+    };
+    let device = Device::Cuda(dev.clone());
+    let cases: u64 = std::env::var("DELTANET_FUSED_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    let mut rng = Rng::new(0x0bad);
+    let (mut checked, mut worst) = (0, 0f64);
+    for seed in 0..cases {
+        let (name, x, opts) = case(seed);
+        let p = Problem::from_inputs(&x, &opts).unwrap();
+        if !fused::supported(&dev, &p, &opts) || p.tokens() == 0 {
+            continue;
+        }
+        let (hv, dv) = (p.v_heads(), p.dv());
+        let clean = forward(&device, &x, &opts).unwrap().o.to_f32().into_owned();
+        let poisons = [
+            ("k", f32::NAN),
+            ("k", f32::INFINITY),
+            ("v", f32::NAN),
+            ("v", f32::NEG_INFINITY),
+            ("g", f32::NAN),
+            ("g", f32::INFINITY),
+            ("beta", f32::INFINITY),
+            ("beta", f32::NAN),
+            ("q", f32::NAN),
+            ("g", f32::NEG_INFINITY),
+        ];
+        for (tensor, value) in poisons {
+            let t = rng.int(0, p.tokens() - 1);
+            let mut y = x.clone();
+            let target = match tensor {
+                "q" => &mut y.q,
+                "k" => &mut y.k,
+                "v" => &mut y.v,
+                "g" => &mut y.g,
+                _ => &mut y.beta,
+            };
+            let width = target.numel() / p.tokens();
+            // One head's row (q, k: a q/k head; v, g, beta: a value head), all of it for v.
+            let heads = target.shape()[2];
+            let head = rng.int(0, heads - 1);
+            let row = width / heads;
+            let mut d = target.to_f32().into_owned();
+            d[t * width + head * row..][..row].fill(value);
+            *target = Tensor::cast_from_f32(&d, target.shape().to_vec(), target.dtype()).unwrap();
+            let got = forward(&device, &y, &opts).unwrap().o.to_f32().into_owned();
+            let what = format!("{name}: {tensor} = {value} at token {t}, head {head}");
+            if tensor == "g" && value == f32::NEG_INFINITY && !opts.gate_in_kernel {
+                let want = reference(&y, &opts).unwrap();
+                let e = rel_l2(&got, &want.o);
+                assert!(e <= 1e-5, "{what}: a reset, vs float64 {e:.2e}");
+                continue;
+            }
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for &(s0, s1) in p.seqs() {
+                for j in 0..hv {
+                    let hit = match tensor {
+                        "q" | "k" => p.qk_head(j) == head,
+                        _ => j == head,
+                    };
+                    for tok in s0..s1 {
+                        let affected = hit
+                            && (s0..s1).contains(&t)
+                            && if tensor == "q" { tok == t } else { tok >= t };
+                        if !affected {
+                            let at = (tok * hv + j) * dv;
+                            a.extend_from_slice(&got[at..at + dv]);
+                            b.extend(clean[at..at + dv].iter().map(|&v| v as f64));
+                        }
+                    }
+                }
+            }
+            assert!(
+                a.iter().all(|v| v.is_finite()),
+                "{what}: an unaffected output is not finite"
+            );
+            let e = rel_l2(&a, &b);
+            worst = worst.max(e);
+            assert!(e <= 1e-6, "{what}: unaffected outputs changed ({e:.2e})");
+            checked += 1;
+        }
+    }
+    eprintln!("{checked} poisoned runs; worst change of unaffected outputs {worst:.2e}");
+    assert!(checked >= 2 * cases, "only {checked} poisoned runs");
 }

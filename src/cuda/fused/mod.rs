@@ -9,9 +9,9 @@
 //!   tile stays on chip across the sequence's chunks; per chunk `v_new`, the output and the
 //!   state update.
 //!
-//! Non-finite inputs: a NaN or Inf in k, v, g or beta at token t reaches the outputs of the
-//! earlier tokens of its chunk (a product with a zero weight still carries it), as on the stage
-//! path; inputs are expected finite (the CLI can check them).
+//! Non-finite inputs keep [`crate::forward`]'s promise: the first token of a chunk whose k, v,
+//! g or beta is not finite ends the part of the chunk computed as usual; the outputs from it on
+//! and the state leaving the chunk are NaN (see the kernels' headers).
 //!
 //! Environment knobs (for measurements): `DELTANET_FUSED=0` takes the stage path, the
 //! [`Tuning`] variables choose kernel variants, `DELTANET_FUSED_ONLY=intra|recurrent` launches
@@ -142,11 +142,12 @@ impl Config {
         let sc = CHUNK + 4;
         let qk = 2 * CHUNK * sk * self.in_bytes();
         match kernel {
-            Kernel::ChunkIntra => (2 * CHUNK * sc + 3 * 256 + 7 * CHUNK) * 4 + qk,
+            // The 16 bytes: the first non-finite row's slot (and the rows' 16-byte alignment).
+            Kernel::ChunkIntra => (2 * CHUNK * sc + 3 * 256 + 7 * CHUNK) * 4 + 16 + qk,
             Kernel::ChunkRecurrent => {
                 let sv = self.vt + 8;
                 let stage = qk + 2 * CHUNK * sc * 4 + CHUNK * sv * self.in_bytes() + CHUNK * 16;
-                (self.dk * sv + 2 * CHUNK * sv) * 4 + self.nbuf * stage
+                (self.dk * sv + 2 * CHUNK * sv) * 4 + 16 + self.nbuf * stage
             }
         }
     }
@@ -263,21 +264,27 @@ pub struct Tuning {
     pub vt: Option<usize>,
     /// Stage buffers of `chunk_recurrent`: 1 or 2.
     pub nbuf: Option<usize>,
-    /// The 16-warp `chunk_recurrent` (32 state columns).
-    pub wide: bool,
+    /// The 16-warp `chunk_recurrent` (32 state columns); by default taken with 32 columns.
+    pub wide: Option<bool>,
     /// The tile products in plain f32 FMA instead of the tensor cores (a cross-check).
     pub fma: bool,
 }
 
 impl Tuning {
     /// From the environment: `DELTANET_FUSED_VT`, `DELTANET_FUSED_NBUF`,
-    /// `DELTANET_FUSED_WIDE=1`, `DELTANET_FUSED_MMA=0`.
+    /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         Tuning {
             vt: num("DELTANET_FUSED_VT"),
             nbuf: num("DELTANET_FUSED_NBUF"),
-            wide: std::env::var("DELTANET_FUSED_WIDE").is_ok_and(|v| v == "1"),
+            wide: std::env::var("DELTANET_FUSED_WIDE")
+                .ok()
+                .and_then(|v| match v.as_str() {
+                    "0" => Some(false),
+                    "1" => Some(true),
+                    _ => None,
+                }),
             fma: std::env::var("DELTANET_FUSED_MMA").is_ok_and(|v| v == "0"),
         }
     }
@@ -286,16 +293,21 @@ impl Tuning {
 fn config(dev: &CudaDevice, p: &Problem, dtype: DType, tuning: &Tuning) -> Config {
     let dv = p.dv();
     let fits = |vt: usize| dv % vt == 0;
-    let mut vt = if fits(32) { 32 } else { 16 };
-    // Narrower tiles give the sequential pass more blocks when (sequences x heads) are few.
-    if vt == 32 && p.num_seqs() * p.v_heads() * (dv / 32) < sm_count(dev) {
-        vt = 16;
-    }
+    // Measured on an H200 (NOTES-GPU.md): a chunk step of one block takes ~8 us with 16
+    // columns, ~12 us with 32 on 8 warps and ~12 us on 16 warps (the wide kernel). So 16-column
+    // tiles win while their blocks fit in one wave, and the wide kernel from there on (it beat
+    // every other variant at T=2048..65536, B=1 and 8, HV=32).
+    let narrow_fits_one_wave = p.num_seqs() * p.v_heads() * (dv / 16) <= sm_count(dev);
+    let mut vt = if fits(32) && !narrow_fits_one_wave {
+        32
+    } else {
+        16
+    };
     match tuning.vt {
         Some(t @ (16 | 32)) if fits(t) => vt = t,
         _ => {}
     }
-    let wide = tuning.wide && fits(32);
+    let wide = fits(32) && tuning.wide.unwrap_or(vt == 32);
     if wide {
         vt = 32;
     }

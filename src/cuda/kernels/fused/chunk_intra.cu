@@ -13,6 +13,11 @@
 // The two K-wide products (K K^T, Q K^T) run on the tensor cores on the raw inputs (one pass for
 // bf16/f16, three for f32, see warp_mma); the norms and decays are applied to their results.
 // The 64 x 64 tri-solve is f32 FMA: 16 x 16 diagonal blocks by substitution, then block rows.
+// Non-finite inputs: lenf is the first row whose k, activated g (NaN or +inf; -inf is a reset)
+// or activated beta is not finite. A product with a zero weight still carries a NaN, so every
+// result is computed from the rows before lenf alone (beta is zeroed past it, the masks use
+// lenf); rows from lenf on get zero a_inv and p rows and NaN scalings, the mark by which
+// chunk_recurrent knows them. A non-finite q reaches its own output row only.
 #define THREADS 256
 #define C 64
 #define SK STRIDE_A(DK, sizeof(in_t))
@@ -41,7 +46,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
     float* rk = bet + C;
     float* rq = rk + C;
     float* dd = rq + C;
-    in_t* Ks = (in_t*)(dd + C);            // [C][SK]
+    int* first_bad = (int*)(dd + C);       // [4]: lenf in [0]
+    in_t* Ks = (in_t*)(first_bad + 4);     // [C][SK]
     in_t* Qs = Ks + C * SK;                // [C][SK]
 
     const in_t* __restrict__ q = (const in_t*)P.q;
@@ -61,6 +67,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
         const i64 kh = qk_head(j, P.h, hv, P.tiled);
         const i64 start = chunk_start[c];
         const int len = (int)chunk_len[c];
+        // The previous item read lenf into registers several barriers ago.
+        if (tid == 0) *first_bad = len;
         __syncthreads();
         // 1. Gate and beta activations (as the gate stage), zeroed matrices, q and k rows.
         if (tid < C) {
@@ -72,6 +80,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
                          ? -expf(((const float*)P.a_log)[j]) * softplus_(x + ((const float*)P.dt_bias)[j])
                          : x;
                 be = P.beta_is_logits ? P.beta_mult / (1.0f + expf(-b)) : b;
+                if (isnan(ge) || ge == __int_as_float(0x7f800000) || !isfinite(be)) atomicMin(first_bad, tid);
             }
             gam[tid] = ge;
             bet[tid] = be;
@@ -107,11 +116,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
         // 3. Row norms of k and q, one warp per row.
         for (int i = warp; i < C; i += THREADS / 32) {
             float sk = 0.0f, sq = 0.0f;
+            bool nonfinite = false;
             for (int d = lane; d < DK; d += 32) {
                 const float a = to_f(Ks[i * SK + d]), b = to_f(Qs[i * SK + d]);
+                nonfinite |= !isfinite(a);
                 sk = fmaf(a, a, sk);
                 sq = fmaf(b, b, sq);
             }
+            if (__any_sync(0xffffffffu, nonfinite) && lane == 0) atomicMin(first_bad, i);
             sk = warp_sum(sk);
             sq = warp_sum(sq);
             if (lane == 0) {
@@ -120,7 +132,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
             }
         }
         __syncthreads();
-        if (tid < C) dd[tid] = tid < len ? decay0(gam[tid], lo[tid], seg[tid]) : 0.0f;
+        const int lenf = *first_bad;
+        if (tid < C) {
+            dd[tid] = tid < lenf ? decay0(gam[tid], lo[tid], seg[tid]) : 0.0f;
+            if (tid >= lenf) bet[tid] = 0.0f;
+        }
         // 4. K K^T and Q K^T on the tensor cores: warp w owns rows 16 (w / 2) .., columns
         //    32 (w % 2) .. + 31 (four 16 x 8 tiles); tiles wholly above the diagonal stay zero.
         {
@@ -143,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int r = rb + frag_row(e), l = cb + 8 * a + frag_col(e);
-                    const bool valid = r < len && l <= r;
+                    const bool valid = r < lenf && l <= r;
                     const float dec = valid ? decay(gam[r], lo[r], seg[r], gam[l], lo[l], seg[l]) : 0.0f;
                     if (valid && l < r) As[r * SA_ + l] = bet[r] * rk[r] * rk[l] * sk[a][e] * dec;
                     if (r < len)
@@ -186,16 +202,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
         // 6. a_inv diag(beta) and the row scalings, valid rows only (beta is 0 past len).
         for (int e = tid; e < len * C; e += THREADS) {
             const int r = e / C, l = e % C;
-            a_inv[((start + r) * hv + j) * C + l] = Xs[r * SA_ + l] * bet[l];
+            a_inv[((start + r) * hv + j) * C + l] = r < lenf ? Xs[r * SA_ + l] * bet[l] : 0.0f;
         }
         if (tid < len) {
             const int last = len - 1;
             const float dl = decay(gam[last], lo[last], seg[last], gam[tid], lo[tid], seg[tid]);
             float* s = scal + ((start + tid) * hv + j) * 4;
-            s[0] = dd[tid] * rk[tid];
-            s[1] = P.scale * rq[tid] * dd[tid];
-            s[2] = rk[tid] * dl;
-            s[3] = dd[tid];
+            if (tid < lenf) {
+                s[0] = dd[tid] * rk[tid];
+                s[1] = P.scale * rq[tid] * dd[tid];
+                s[2] = rk[tid] * dl;
+                s[3] = dd[tid];
+            } else {
+                s[0] = s[1] = s[2] = s[3] = __int_as_float(0x7fc00000);  // NaN: the row's mark
+            }
         }
     }
 }

@@ -15,6 +15,11 @@
 // K h and Q h sharing their state fragments, two accumulator chains per product.
 // A chunk's rows reach shared memory by cp.async; with NBUF = 2 (when shared memory allows) the
 // next chunk's rows are in flight while this one is computed.
+// Non-finite inputs: lv is the chunk's first row marked by chunk_intra (NaN scalings: its k, g or
+// beta is not finite) or holding a non-finite v in this tile. A product with a zero weight still
+// carries a NaN, so R is zeroed from lv on (the rows before come out as from a chunk ending at
+// lv); this tile's outputs from lv on and the state tile leaving the chunk are NaN (a NaN v
+// reaches only the tiles holding its columns).
 #ifndef RTHREADS
 #define RTHREADS 256
 #endif
@@ -71,7 +76,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
     float* Hs = (float*)smem_raw;          // [DK][SV] the state tile
     float* Vs = Hs + DK * SV;              // [C][SV] R = v - diag(d rk) K h
     float* Ns = Vs + C * SV;               // [C][SV] v_new
-    unsigned char* stages = (unsigned char*)(Ns + C * SV);
+    int* first_bad = (int*)(Ns + C * SV);  // [4]: lv in [0]
+    unsigned char* stages = (unsigned char*)(first_bad + 4);
 
     const in_t* __restrict__ q = (const in_t*)P.q;
     const in_t* __restrict__ k = (const in_t*)P.k;
@@ -128,6 +134,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
             const float* Xs = st.X;
             const float* Ps = st.Pm;
             const float4* sc = st.sc;
+            // Every read of lv in the previous chunk came before its closing barrier.
+            if (tid == 0) *first_bad = len;
 #if NBUF == 2
             // The other buffer was last read by chunk ci - 1, finished at its closing barrier.
             if (ci + 1 < c_end) {
@@ -181,10 +189,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
                 for (int e = 0; e < 4; ++e) {
                     const int r = rb + frag_row(e), cc = cb + 8 * a + frag_col(e);
                     const float4 s = sc[r];
-                    Vs[r * SV + cc] = fmaf(-s.x, kh_[a][e], to_f(st.Vr[r * SVR + cc]));
+                    const float vr = to_f(st.Vr[r * SVR + cc]);
+                    if (r < len && (isnan(s.w) || !isfinite(vr))) atomicMin(first_bad, r);
+                    Vs[r * SV + cc] = fmaf(-s.x, kh_[a][e], vr);
                     oacc[a][e] *= s.y;
                 }
             __syncthreads();
+            const int lv = *first_bad;
+            if (lv < len) {  // the same for the whole block
+                for (int e = lv * VT + tid; e < C * VT; e += THREADS) Vs[(e / VT) * SV + e % VT] = 0.0f;
+                __syncthreads();
+            }
             // v_new = a_inv R.
             {
                 float vn[NT][4];
@@ -239,7 +254,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int r = rb + frag_row(e), cc = cb + 8 * a + frag_col(e);
-                    if (r < len) o[((start + r) * hv + j) * DV + c0 + cc] = oacc[a][e];
+                    if (r < len)
+                        o[((start + r) * hv + j) * DV + c0 + cc] = r < lv ? oacc[a][e] : __int_as_float(0x7fc00000);
                 }
             // h = d_last h + K^T diag(rk D_last) v_new.
             {
@@ -268,6 +284,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
                 }
             }
             __syncthreads();
+            // Each thread poisons the elements it reads next (the copy-outs use this pattern;
+            // the next chunk reads after its first barrier).
+            if (lv < len)
+                for (int e = tid; e < DK * VT; e += THREADS) Hs[(e / VT) * SV + e % VT] = __int_as_float(0x7fc00000);
 #if NBUF == 1
             if (ci + 1 < c_end) issue(ci + 1, 0);
 #endif
