@@ -768,6 +768,37 @@ fn gpu_pool_steps_match_the_oracle_for_every_option() {
     pool_cases(&dev, &GPU_SHAPES, 11);
 }
 
+/// Launches large enough to take the persistent grid, where each warp prefetches its next
+/// item's state (more than one wave of 4-warp blocks).
+#[test]
+fn gpu_persistent_launches_match_the_oracle() {
+    let Some(dev) = gpu() else {
+        eprintln!("skipped: gpu_persistent_launches_match_the_oracle (no GPU)");
+        return;
+    };
+    let shapes = [
+        Shape {
+            n: 40,
+            t: 2,
+            h: 2,
+            hv: 8,
+            dk: 128,
+            dv: 128,
+            pool: 170,
+        },
+        Shape {
+            n: 48,
+            t: 1,
+            h: 1,
+            hv: 16,
+            dk: 64,
+            dv: 120,
+            pool: 120,
+        },
+    ];
+    pool_cases(&dev, &shapes, 12);
+}
+
 #[test]
 fn gpu_multi_token_step_equals_single_steps() {
     let Some(dev) = gpu() else {
