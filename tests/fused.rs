@@ -179,23 +179,33 @@ fn tunings() -> Vec<fused::Tuning> {
     ]
 }
 
+/// The GPU, or None after saying the test is skipped.
+fn gpu() -> Option<Arc<CudaDevice>> {
+    match CudaDevice::new(0) {
+        Ok(d) => Some(Arc::new(d)),
+        Err(e) => {
+            eprintln!("SKIPPED: no usable GPU ({e})");
+            None
+        }
+    }
+}
+
+/// Random problems per test: DELTANET_FUSED_CASES, else `default`.
+fn case_count(default: u64) -> u64 {
+    std::env::var("DELTANET_FUSED_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 fn to64(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&a| a as f64).collect()
 }
 
 #[test]
 fn fused_equals_stages_and_oracle_on_every_option_or_skip_without_gpu() {
-    let dev = match CudaDevice::new(0) {
-        Ok(d) => Arc::new(d),
-        Err(e) => {
-            eprintln!("SKIPPED: no usable GPU ({e})");
-            return;
-        }
-    };
-    let cases: u64 = std::env::var("DELTANET_FUSED_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+    let Some(dev) = gpu() else { return };
+    let cases = case_count(60);
     let device = Device::Cuda(dev.clone());
     let mut worst = [0f64; 4];
     let mut fused_runs = 0;
@@ -283,13 +293,7 @@ fn fused_equals_stages_and_oracle_on_every_option_or_skip_without_gpu() {
 #[test]
 #[ignore = "timing; run with --ignored on a GPU"]
 fn fused_time_resident_bf16() {
-    let dev = match CudaDevice::new(0) {
-        Ok(d) => Arc::new(d),
-        Err(e) => {
-            eprintln!("SKIPPED: no usable GPU ({e})");
-            return;
-        }
-    };
+    let Some(dev) = gpu() else { return };
     let shapes = std::env::var("DELTANET_FUSED_TIME").unwrap_or("1,32768,16,32,128,128".into());
     for s in shapes.split(';') {
         let d: Vec<usize> = s.split(',').map(|x| x.trim().parse().unwrap()).collect();
@@ -329,18 +333,9 @@ fn fused_time_resident_bf16() {
 /// is a hard reset, everything finite and equal to float64.
 #[test]
 fn fused_keeps_non_finite_inputs_causal_or_skip_without_gpu() {
-    let dev = match CudaDevice::new(0) {
-        Ok(d) => Arc::new(d),
-        Err(e) => {
-            eprintln!("SKIPPED: no usable GPU ({e})");
-            return;
-        }
-    };
+    let Some(dev) = gpu() else { return };
     let device = Device::Cuda(dev.clone());
-    let cases: u64 = std::env::var("DELTANET_FUSED_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(40);
+    let cases = case_count(40);
     let mut rng = Rng::new(0x0bad);
     let (mut checked, mut worst) = (0, 0f64);
     for seed in 0..cases {
