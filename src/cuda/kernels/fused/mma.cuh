@@ -29,15 +29,15 @@ __device__ __forceinline__ float to_f(unsigned short x) {
 
 // x = hi + lo with hi, lo both TF32 (11 significant bits each): hi is x rounded to TF32, lo the
 // rounded remainder, so hi + lo carries 22 of x's 24 bits (relative error <= 2^-22).
+// x rounded to TF32, to nearest with ties away from zero (what cvt.rna.tf32.f32 gives for every
+// finite x, which sm_90 emulates in about twice the instructions): half a TF32 ulp added to the
+// magnitude bits carries into the kept bits exactly when the dropped ones are at least half.
+__device__ __forceinline__ unsigned round_tf32(float x) {
+    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
 __device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
-    unsigned h;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(h) : "f"(x));
-    h &= 0xffffe000u;
-    const float r = x - __uint_as_float(h);  // exact: x and hi share the leading bits
-    unsigned l;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(l) : "f"(r));
-    hi = h;
-    lo = l & 0xffffe000u;
+    hi = round_tf32(x);
+    lo = round_tf32(x - __uint_as_float(hi));  // the difference is exact: shared leading bits
 }
 
 // c += a b on the tensor cores: a 16x8 (row), b 8x8 (col), TF32 operands, f32 accumulate.
