@@ -33,19 +33,13 @@ static float __shfl_xor_sync(unsigned, float v, int m) {
     float r = my_warp->xch[my_lane ^ m]; my_warp->bar.arrive_and_wait(); return r;
 }
 static void __syncwarp() { my_warp->bar.arrive_and_wait(); }
-static float g_smem[4 * (4 * 256 + 2 * 16 * 32 * 4)];  // 4 warps: q/k buffers, prefetch blocks
+static float g_smem[4 * 4 * 256];
 '''
 src = open(os.path.join(root, "src/cuda/kernels/common.cuh")).read() + open(os.path.join(root, "src/cuda/kernels/fused/decode.cu")).read()
 src = src.replace("extern __shared__ float smem[];", "float* smem = g_smem;")
 src = src.replace('asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));', "{ _Float16 x; memcpy(&x, &h, 2); f = (float)x; }")
 src = src.replace('asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t; }" : "=h"(h) : "f"(x));', "{ _Float16 y = (_Float16)x; memcpy(&h, &y, 2); }")
-# cp.async: the copy at once (each lane reads back only what it queued itself).
-src = src.replace('asm("cvta.to.shared.u64 %0, %1;" : "=l"(d) : "l"(dst));', "d = 0; (void)d;")
-src = src.replace('asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)d), "l"(src), "r"(valid ? 16 : 0)\n                 : "memory");',
-                  "*dst = valid ? *(const float4*)src : float4{0, 0, 0, 0};")
-src = src.replace('asm volatile("cp.async.commit_group;" ::: "memory");', "")
-src = src.replace('asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory");', "")
-assert "asm(" not in src and "asm volatile" not in src
+assert "asm(" not in src
 drv = open(os.path.join(root, "dev/decode_emulate_driver.cpp")).read()
 out = "/tmp/decode_emulate"
 open(out + ".cpp", "w").write(shim + src + drv)

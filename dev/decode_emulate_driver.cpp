@@ -124,7 +124,6 @@ int main(int argc, char** argv) {
         const i64 vt = 2048 / dk, items = (i64)n * hv * ((dv + vt - 1) / vt);
         const int warps = c % 3 == 0 ? 4 : 1;
         const int grid = c % 5 == 0 ? 2 : (int)((items + warps - 1) / warps);
-        P.prefetch = c % 4 < 2;
         launch(vfirst, P, warps, grid);
         auto rel = [](const std::vector<double>& e, auto get, size_t len) { double num = 0, den = 0; for (size_t i = 0; i < len; ++i) { double d = get(i) - e[i]; num += d * d; den += e[i] * e[i]; } return den == 0 ? (num == 0 ? 0.0 : INFINITY) : sqrt(num / den); };
         double eo_err = rel(eo, [&](size_t i) { return out_dt ? (double)from_bits(o_h[i], 1) : (double)o_f[i]; }, eo.size());
@@ -134,8 +133,8 @@ int main(int argc, char** argv) {
         const bool ok = eo_err < tol && ep_err < 1e-5 && et_err < 1e-5 && !std::isnan(eo_err + ep_err + et_err);
         ++cases;
         if (!ok) ++failures;
-        printf("%s case %2d %s dk=%3d dv=%3d n=%d t=%d h=%d hv=%d l2=%d logits=%d neg=%d gate=%d tiled=%d dt=%d/%d/%d out=%d read=%d write=%d tok=%d dense=%d wide=%d warps=%d grid=%d prefetch=%d: o %.1e pool %.1e states %.1e\n",
-               ok ? "ok  " : "FAIL", c, vfirst ? "vk" : "kv", dk, dv, n, t, h, hv, l2, logits, neg, gate, tiled, qkv_dt, g_dt, beta_dt, out_dt, use_read, use_write, use_tok, dense, wide, warps, grid, P.prefetch, eo_err, ep_err, et_err);
+        printf("%s case %2d %s dk=%3d dv=%3d n=%d t=%d h=%d hv=%d l2=%d logits=%d neg=%d gate=%d tiled=%d dt=%d/%d/%d out=%d read=%d write=%d tok=%d dense=%d wide=%d warps=%d grid=%d: o %.1e pool %.1e states %.1e\n",
+               ok ? "ok  " : "FAIL", c, vfirst ? "vk" : "kv", dk, dv, n, t, h, hv, l2, logits, neg, gate, tiled, qkv_dt, g_dt, beta_dt, out_dt, use_read, use_write, use_tok, dense, wide, warps, grid, eo_err, ep_err, et_err);
     }
     printf("%d/%d cases failed\n", failures, cases);
     return failures != 0;

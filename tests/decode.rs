@@ -768,12 +768,11 @@ fn gpu_pool_steps_match_the_oracle_for_every_option() {
     pool_cases(&dev, &GPU_SHAPES, 11);
 }
 
-/// Launches large enough to take the persistent grid, where each warp prefetches its next
-/// item's state (more than one wave of 4-warp blocks).
+/// Launches of more than one wave of 4-warp blocks (thousands of items), pools with padding.
 #[test]
-fn gpu_persistent_launches_match_the_oracle() {
+fn gpu_large_launches_match_the_oracle() {
     let Some(dev) = gpu() else {
-        eprintln!("skipped: gpu_persistent_launches_match_the_oracle (no GPU)");
+        eprintln!("skipped: gpu_large_launches_match_the_oracle (no GPU)");
         return;
     };
     let shapes = [

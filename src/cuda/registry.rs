@@ -234,10 +234,7 @@ impl Kernel {
     /// Whether the kernel asks for more dynamic shared memory than the default 48 KiB, so its
     /// function is opted in to the device's limit when loaded.
     pub(crate) fn large_shared(self) -> bool {
-        matches!(
-            self,
-            Kernel::ChunkState | Kernel::DecodeKv | Kernel::DecodeVk
-        )
+        self == Kernel::ChunkState
     }
 }
 

@@ -28,8 +28,6 @@ const SMALL_LAUNCH_WARPS: usize = 2048;
 /// State rows and columns a lane holds (mirrors ROWS and COLS in the kernel).
 const LANE_ROWS: usize = 16;
 const LANE_COLS: usize = 4;
-/// One warp's state block: 16 vectors of 16 bytes per lane.
-const PREFETCH_BYTES_PER_WARP: usize = 16 * 32 * 16;
 
 /// Mirrors `DecodeParams` in kernels/fused/decode.cu; device pointers as u64.
 #[repr(C)]
@@ -70,7 +68,7 @@ pub(crate) struct Params {
     beta_is_logits: i32,
     allow_neg_eigval: i32,
     gate_in_kernel: i32,
-    prefetch: i32,
+    reserved: i32,
 }
 /// The size the kernel's `static_assert` checks.
 pub(crate) const PARAMS_BYTES: usize = 224;
@@ -307,7 +305,7 @@ pub unsafe fn decode_raw(
     if items == 0 || s.t == 0 {
         return Ok(());
     }
-    let mut p = Params {
+    let p = Params {
         q: b.q.ptr,
         k: b.k.ptr,
         v: b.v.ptr,
@@ -343,7 +341,7 @@ pub unsafe fn decode_raw(
         beta_is_logits: i32::from(opts.beta_is_logits),
         allow_neg_eigval: i32::from(opts.allow_neg_eigval),
         gate_in_kernel: i32::from(opts.gate_in_kernel),
-        prefetch: 0,
+        reserved: 0,
     };
     let kernel = if opts.state_v_first {
         Kernel::DecodeVk
@@ -356,28 +354,10 @@ pub unsafe fn decode_raw(
     } else {
         WARPS_PER_BLOCK
     };
-    let blocks = items.div_ceil(warps);
-    // Two buffers of q and k (K floats each) per warp; with prefetch two state blocks too.
-    let qk_shared = warps * 4 * s.dk * 4;
-    let pre_shared = qk_shared + warps * 2 * PREFETCH_BYTES_PER_WARP;
-    // Persistent (a grid that fills the GPU once, each warp prefetching its next item) where
-    // the blocks would come in several waves.
-    let resident = f
-        .occupancy_max_active_blocks_per_multiprocessor((32 * warps) as u32, pre_shared, None)
-        .map_err(cuda_err(format!("occupancy of {}", kernel.name())))? as usize
-        * crate::cuda::fused::sm_count(dev);
-    let prefetch = warps == WARPS_PER_BLOCK
-        && resident > 0
-        && blocks > resident
-        && std::env::var("DELTANET_DECODE_PREFETCH").map_or(true, |v| v != "0");
-    p.prefetch = i32::from(prefetch);
-    let (grid, shared) = if prefetch {
-        (resident, pre_shared)
-    } else {
-        (blocks.min(1 << 22), qk_shared)
-    };
+    // Two buffers of q and k (K floats each) per warp.
+    let shared = warps * 4 * s.dk * 4;
     let cfg = LaunchConfig {
-        grid_dim: (grid as u32, 1, 1),
+        grid_dim: (items.div_ceil(warps).min(1 << 22) as u32, 1, 1),
         block_dim: ((32 * warps) as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };

@@ -25,12 +25,6 @@
 // state after token t; token_states, when given, holds the state after every token
 // [N, T, HV, (K, V) or (V, K)]. Rows written by one sequence must not be read or written by
 // another (the host API checks this; device-resident indices are the caller's precondition).
-//
-// Persistent launches (prefetch = 1; many items, a grid that fills the GPU once): each warp walks
-// many items, and queues the next item's state block into shared memory by cp.async (two
-// buffers per warp, alternating) before computing this one, so that the state reads of one item
-// overlap the arithmetic and the stores of the previous one instead of waiting a full memory
-// latency after them. Each lane reads back only the vectors it queued itself.
 
 struct DecodeParams {
     const void* q;        // [N, T, H, K], qkv_dtype
@@ -50,7 +44,7 @@ struct DecodeParams {
     float scale;
     int qkv_dtype, g_dtype, beta_dtype, a_log_dtype, dt_bias_dtype, out_dtype;  // 0 f32, 1 bf16, 2 f16
     int read_i64, write_i64, token_i64;
-    int tiled, use_qk_l2norm, beta_is_logits, allow_neg_eigval, gate_in_kernel, prefetch;
+    int tiled, use_qk_l2norm, beta_is_logits, allow_neg_eigval, gate_in_kernel, reserved;
 };
 static_assert(sizeof(DecodeParams) == 224, "DecodeParams differs from its Rust mirror");
 #ifdef PARAMS_BYTES
@@ -123,17 +117,6 @@ __device__ __forceinline__ i64 load_idx(const void* p, i64 i, int wide) {
     return wide ? ((const i64*)p)[i] : (i64)((const int*)p)[i];
 }
 
-// 16 bytes global -> shared, asynchronously (zeros when !valid; src is then not read).
-__device__ __forceinline__ void state_cp16(float4* dst, const float* src, bool valid) {
-    unsigned long long d;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(d) : "l"(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)d), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void state_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int n>
-__device__ __forceinline__ void state_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory"); }
-
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 // The inputs of one token besides the state: this lane's share of q and k (elements
@@ -186,49 +169,13 @@ __device__ __forceinline__ void decode_warp(const DecodeParams& P, float* smem) 
     const i64 state_len = (i64)dk * dv;
     // Two buffers of q and k (DK each) per warp, alternating by token.
     float* const sbuf = smem + (i64)warp * 4 * dk;
-    // With prefetch: two state blocks per warp (16 vectors x 32 lanes each), after all q/k buffers.
-    float4* const pre = (float4*)(smem + (i64)warps * 4 * dk) + (i64)warp * 2 * 16 * 32;
-    const i64 stride = (i64)gridDim.x * warps;
 
-    // Queues item it's state block into prefetch buffer b (nothing for a padding slot).
-    auto prefetch = [&](i64 it, int b) {
-        const i64 tile = it % tiles, rest = it / tiles;
-        const i64 jj = rest % hv, nn = rest / hv;
-        const i64 cc0 = tile * vt + COLS * grp;
-        const i64 r = P.read_idx ? load_idx(P.read_idx, nn, P.read_i64) : nn;
-        if (r >= 0) {
-            const float* src = P.state + (r * hv + jj) * state_len;
-#pragma unroll
-            for (int x = 0; x < 16; ++x) {
-                const bool ok = VFIRST ? cc0 + x % 4 < dv : cc0 < dv;
-                state_cp16(pre + (b * 16 + x) * 32 + lane, ok ? src + vec_offset<VFIRST>(x, part, span, cc0, dk, dv) : src, ok);
-            }
-        }
-        state_cp_commit();
-    };
-    const i64 first = (i64)blockIdx.x * warps + warp;
-    bool have_pre = false;  // the state of the current item is in prefetch buffer `buf`
-    int buf = 0;
-    if (P.prefetch && first < items) {
-        prefetch(first, 0);
-        have_pre = true;
-    }
-
-    for (i64 item = first; item < items; item += stride) {
+    for (i64 item = (i64)blockIdx.x * warps + warp; item < items; item += (i64)gridDim.x * warps) {
         const i64 tile = item % tiles, rest = item / tiles;
         const i64 j = rest % hv, n = rest / hv;
         const i64 c0 = tile * vt + COLS * grp;
         const i64 kh = qk_head(j, P.h, hv, P.tiled);
         const i64 row = P.read_idx ? load_idx(P.read_idx, n, P.read_i64) : n;
-
-        // The next item's state goes into the other buffer, last read by the previous item.
-        const bool from_pre = have_pre;
-        const int cur = buf;
-        have_pre = P.prefetch && item + stride < items;
-        if (have_pre) {
-            buf ^= 1;
-            prefetch(item + stride, buf);
-        }
 
         // Column validity: the whole lane in the K-major layout (DV % 4 == 0), per column in
         // V-major.
@@ -281,21 +228,12 @@ __device__ __forceinline__ void decode_warp(const DecodeParams& P, float* smem) 
 
         // The lane's block of the state, s[i][cc] = S[row i of the lane, column c0 + cc].
         const float* src = P.state + (row * hv + j) * state_len;
-        if (from_pre) {
-            if (have_pre)
-                state_cp_wait<1>();
-            else
-                state_cp_wait<0>();
-        }
 #pragma unroll
         for (int x = 0; x < 16; ++x) {
             const i64 off = vec_offset<VFIRST>(x, part, span, c0, dk, dv);
             const bool ok = VFIRST ? col_ok[x % 4] : col_ok[0];
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (from_pre)
-                v = pre[(cur * 16 + x) * 32 + lane];
-            else if (ok)
-                v = *(const float4*)(src + off);
+            if (ok) v = *(const float4*)(src + off);
             if (VFIRST) {
                 const int m = x / 4, cc = x % 4;
                 s[4 * m][cc] = v.x, s[4 * m + 1][cc] = v.y, s[4 * m + 2][cc] = v.z, s[4 * m + 3][cc] = v.w;
@@ -394,8 +332,7 @@ __device__ __forceinline__ void decode_warp(const DecodeParams& P, float* smem) 
     }
 }
 
-// Three blocks per multiprocessor (168 registers, no spills): 12 warps to keep loads in flight.
-extern "C" __global__ void __launch_bounds__(128, 3) decode_kv(const DecodeParams P) {
+extern "C" __global__ void __launch_bounds__(128) decode_kv(const DecodeParams P) {
     extern __shared__ float smem[];
     decode_warp<false>(P, smem);
 }
