@@ -31,6 +31,7 @@
 struct ReadmeDoctests;
 
 mod backend;
+pub mod cp;
 pub mod cpu;
 pub mod cuda;
 pub mod decode;

@@ -1,0 +1,89 @@
+//! Context parallelism in one process: a packed batch split among 2..8 ranks (threads, through
+//! the in-process exchange) gives the plain forward's outputs and final states, on random
+//! problems (varlen with empty sequences, sequences spanning several ranks, empty ranks, every
+//! option). On the CPU here; the same code runs on any device.
+
+use deltanet::cp::forward_ranks;
+use deltanet::reference::rel_l2;
+use deltanet::selftest::{Rng, Spec};
+use deltanet::{forward, Device};
+
+#[test]
+fn ranks_equal_the_plain_forward_on_random_problems() {
+    let mut rng = Rng::new(0xc0de);
+    let (mut worst_o, mut worst_f, mut spanning) = (0f64, 0f64, 0);
+    for case in 0..60 {
+        let mut spec = Spec::random(&mut rng);
+        spec.b = 1;
+        let c = spec.build().unwrap();
+        let (x, opts) = (&c.inputs, &c.opts);
+        let t = x.q.shape()[1];
+        let ranks = rng.int(2, 8);
+        let mut cuts: Vec<usize> = (0..ranks - 1).map(|_| rng.int(0, t)).collect();
+        cuts.push(0);
+        cuts.push(t);
+        cuts.sort_unstable();
+        let want = forward(&Device::Cpu, x, opts).unwrap();
+        let got = forward_ranks(&Device::Cpu, x, opts, &cuts).unwrap();
+        let what = format!("case {case} {} cuts {cuts:?}", c.name);
+
+        let mut o = Vec::new();
+        for (r, out) in got.iter().enumerate() {
+            assert_eq!(out.tokens, cuts[r]..cuts[r + 1], "{what}");
+            o.extend_from_slice(&out.o.to_f32());
+        }
+        let want_o: Vec<f64> = want.o.to_f32().iter().map(|&v| v as f64).collect();
+        let e_o = rel_l2(&o, &want_o);
+        assert!(e_o <= 1e-5, "{what}: o {e_o:.2e}");
+
+        let want_f = want.final_state.unwrap().to_f32().into_owned();
+        let n = x.cu_seqlens.as_ref().map_or(1, |c| c.len() - 1);
+        let per = want_f.len() / n;
+        let mut f = vec![f32::NAN; want_f.len()];
+        let mut seen = vec![0; n];
+        for out in &got {
+            let states = out.final_state.as_ref().unwrap().to_f32();
+            for (i, &s) in out.final_seqs.iter().enumerate() {
+                seen[s] += 1;
+                f[s * per..][..per].copy_from_slice(&states[i * per..][..per]);
+            }
+        }
+        assert!(
+            seen.iter().all(|&k| k == 1),
+            "{what}: final states per sequence {seen:?}"
+        );
+        let want_f: Vec<f64> = want_f.iter().map(|&v| v as f64).collect();
+        let e_f = rel_l2(&f, &want_f);
+        assert!(e_f <= 1e-5, "{what}: final state {e_f:.2e}");
+        worst_o = worst_o.max(e_o);
+        worst_f = worst_f.max(e_f);
+        let cu = x.cu_seqlens.clone().unwrap_or(vec![0, t as i64]);
+        spanning += usize::from(cu.windows(2).any(|w| {
+            cuts.iter()
+                .any(|&c| (w[0] as usize) < c && c < w[1] as usize)
+        }));
+    }
+    eprintln!(
+        "60 problems: worst o {worst_o:.2e}, final state {worst_f:.2e}; {spanning} with a \
+         sequence split between ranks"
+    );
+    assert!(spanning > 30, "only {spanning} problems split a sequence");
+}
+
+#[test]
+fn bad_cuts_and_batches_are_refused() {
+    let mut rng = Rng::new(5);
+    let mut spec = Spec::random(&mut rng);
+    spec.b = 1;
+    spec.t = 10;
+    let c = spec.build().unwrap();
+    for cuts in [vec![0, 11], vec![1, 10], vec![0, 6, 4, 10], vec![0]] {
+        let e = forward_ranks(&Device::Cpu, &c.inputs, &c.opts, &cuts).unwrap_err();
+        assert!(e.to_string().starts_with("cuts:"), "{cuts:?}: {e}");
+    }
+    spec.b = 2;
+    spec.varlen = false;
+    let c = spec.build().unwrap();
+    let e = forward_ranks(&Device::Cpu, &c.inputs, &c.opts, &[0, 5, 10]).unwrap_err();
+    assert!(e.to_string().starts_with("q:"), "{e}");
+}
