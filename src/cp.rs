@@ -25,6 +25,7 @@ use std::sync::{Barrier, Mutex};
 
 use crate::dtype::{DType, Tensor};
 use crate::error::{Error, Result};
+use crate::host::transpose_states;
 use crate::options::Options;
 use crate::problem::Inputs;
 use crate::{forward, Device};
@@ -129,36 +130,22 @@ fn token_rows<'a>(t: &'a Tensor<'_>, rows: Range<usize>) -> Result<Tensor<'a>> {
     Tensor::from_bytes(t.dtype(), bytes, s)
 }
 
-/// A K-major `[HV, K, V]` state from the caller's layout (`[HV, V, K]` with `state_v_first`).
-fn k_major(x: &[f32], hv: usize, dk: usize, dv: usize, v_first: bool) -> Vec<f32> {
-    if !v_first {
-        return x.to_vec();
+/// A K-major state from the caller's layout.
+fn k_major(x: &[f32], dk: usize, dv: usize, v_first: bool) -> Vec<f32> {
+    if v_first {
+        transpose_states(x, dk, dv, false)
+    } else {
+        x.to_vec()
     }
-    let mut out = vec![0f32; hv * dk * dv];
-    for j in 0..hv {
-        for r in 0..dk {
-            for c in 0..dv {
-                out[(j * dk + r) * dv + c] = x[(j * dv + c) * dk + r];
-            }
-        }
-    }
-    out
 }
 
 /// The caller's layout from a K-major state.
-fn caller_layout(x: &[f32], hv: usize, dk: usize, dv: usize, v_first: bool) -> Vec<f32> {
-    if !v_first {
-        return x.to_vec();
+fn caller_layout(x: &[f32], dk: usize, dv: usize, v_first: bool) -> Vec<f32> {
+    if v_first {
+        transpose_states(x, dk, dv, true)
+    } else {
+        x.to_vec()
     }
-    let mut out = vec![0f32; hv * dk * dv];
-    for j in 0..hv {
-        for r in 0..dk {
-            for c in 0..dv {
-                out[(j * dv + c) * dk + r] = x[(j * dk + r) * dv + c];
-            }
-        }
-    }
-    out
 }
 
 /// `M S + S_local` per value head (K-major, float64 sums).
@@ -223,7 +210,7 @@ pub fn forward_rank(
                 }
             }
         }
-        states.extend(caller_layout(&s, hv, dk, dv, v_first));
+        states.extend(caller_layout(&s, dk, dv, v_first));
     }
     let ends: Vec<usize> = (0..p.pieces.len())
         .filter(|&i| !p.pieces[i].goes_on)
@@ -283,7 +270,7 @@ impl Prepared {
     fn h0_k_major(&self, seq: usize) -> Vec<f32> {
         let n = self.hv * self.dk * self.dv;
         match &self.h0 {
-            Some(h) => k_major(&h[seq * n..][..n], self.hv, self.dk, self.dv, self.v_first),
+            Some(h) => k_major(&h[seq * n..][..n], self.dk, self.dv, self.v_first),
             None => vec![0f32; n],
         }
     }

@@ -125,6 +125,21 @@ fn expect_shape(arg: &'static str, t: &Tensor<'_>, want: &[usize], names: &str) 
     Ok(())
 }
 
+impl From<[usize; 6]> for Dims {
+    /// `[B, T, H, HV, K, V]`, the order of the command line's `--shape`.
+    fn from(d: [usize; 6]) -> Dims {
+        let [batch, seq_len, heads, v_heads, dk, dv] = d;
+        Dims {
+            batch,
+            seq_len,
+            heads,
+            v_heads,
+            dk,
+            dv,
+        }
+    }
+}
+
 impl Problem {
     /// Builds the sequence and chunk tables for `dims.batch` rows of `dims.seq_len` tokens, or
     /// for the varlen offsets `cu_seqlens` (which need `batch == 1`).

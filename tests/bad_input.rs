@@ -3,14 +3,7 @@
 use deltanet::{forward, recurrent_step, DType, Device, Dims, Error, Inputs, Options, Tensor};
 
 fn dims(batch: usize, seq_len: usize, heads: usize, v_heads: usize, dk: usize, dv: usize) -> Dims {
-    Dims {
-        batch,
-        seq_len,
-        heads,
-        v_heads,
-        dk,
-        dv,
-    }
+    Dims::from([batch, seq_len, heads, v_heads, dk, dv])
 }
 
 fn t(shape: &[usize]) -> Tensor<'static> {

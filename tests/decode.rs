@@ -497,85 +497,69 @@ fn bad_indices_and_shapes_are_refused_and_leave_the_pool() {
         decode_step(&Device::Cpu, &x, pool, &idx, false, &opts)
     };
     let i32s = |v: &'static [i32]| Some(Indices::I32(v));
-    // Two sequences updating one row in place.
-    expect_err(
-        run(
-            &mut pool,
+    let refused = [
+        // Two sequences updating one row in place.
+        (
             StateIndices {
                 read: i32s(&[0, 4, 0]),
                 ..Default::default()
             },
+            "state_indices",
         ),
-        "state_indices",
-    );
-    // Two sequences writing one row.
-    expect_err(
-        run(
-            &mut pool,
+        // Two sequences writing one row.
+        (
             StateIndices {
                 read: i32s(&[0, 1, 2]),
                 write: i32s(&[3, 3, 5]),
                 ..Default::default()
             },
+            "out_state_indices",
         ),
-        "out_state_indices",
-    );
-    // A row written by one sequence and read by another.
-    expect_err(
-        run(
-            &mut pool,
+        // A row written by one sequence and read by another.
+        (
             StateIndices {
                 read: i32s(&[0, 1, 2]),
                 write: i32s(&[1, 3, 4]),
                 ..Default::default()
             },
+            "state_indices",
         ),
-        "state_indices",
-    );
-    // Per-token rows colliding with another sequence's final row.
-    expect_err(
-        run(
-            &mut pool,
+        // Per-token rows colliding with another sequence's final row.
+        (
             StateIndices {
                 read: i32s(&[0, 1, 2]),
                 per_token: i32s(&[-1, 5, -1, -1, -1, 5]),
                 ..Default::default()
             },
+            "token_state_indices",
         ),
-        "token_state_indices",
-    );
-    // Past the pool, wrong lengths.
-    expect_err(
-        run(
-            &mut pool,
+        // Past the pool, wrong lengths.
+        (
             StateIndices {
                 read: i32s(&[0, 6, 1]),
                 ..Default::default()
             },
+            "state_indices",
         ),
-        "state_indices",
-    );
-    expect_err(
-        run(
-            &mut pool,
+        (
             StateIndices {
                 read: i32s(&[0, 1]),
                 ..Default::default()
             },
+            "state_indices",
         ),
-        "state_indices",
-    );
-    expect_err(
-        run(
-            &mut pool,
+        (
             StateIndices {
                 read: i32s(&[0, 1, 2]),
                 per_token: i32s(&[3, 4, 5]),
                 ..Default::default()
             },
+            "token_state_indices",
         ),
-        "token_state_indices",
-    );
+    ];
+    for (idx, arg) in refused {
+        expect_err(run(&mut pool, idx), arg);
+    }
     assert_eq!(pool, pool0, "a refused step must leave the pool untouched");
     // A pool that is not whole rows; varlen; an initial state.
     let mut short = vec![0f32; s.hv * s.dk * s.dv * 2 + 1];

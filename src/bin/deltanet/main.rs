@@ -99,15 +99,7 @@ pub fn layer_problem(
     d: [usize; 6],
     opts: &deltanet::Options,
 ) -> Result<deltanet::Problem, Failure> {
-    let [batch, seq_len, heads, v_heads, dk, dv] = d;
-    let dims = deltanet::Dims {
-        batch,
-        seq_len,
-        heads,
-        v_heads,
-        dk,
-        dv,
-    };
+    let dims = deltanet::Dims::from(d);
     let p = deltanet::Problem::new(dims, None, opts)
         .map_err(|e| Failure::usage(format!("{flag}: {e}")))?;
     ensure_memory(flag, &p, opts)?;

@@ -186,42 +186,25 @@ fn compile(kernel: Kernel, arch: &str, cfg: &Config) -> Result<Ptx> {
 /// The configurations `deltanet kernels` and the compilation test build: K = V = 128 in every
 /// input dtype, the widest (256) and a narrow (64) one in f32 and bf16, both state tile widths.
 pub fn standard_configs() -> Vec<Config> {
+    let config = |dk, dv, vt, dtype, nbuf, wide| Config {
+        dk,
+        dv,
+        vt,
+        dtype,
+        mma: true,
+        nbuf,
+        wide,
+    };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
-        for vt in [16, 32] {
-            v.push(Config {
-                dk: 128,
-                dv: 128,
-                vt,
-                dtype,
-                mma: true,
-                nbuf: if dtype == DType::F32 { 1 } else { 2 },
-                wide: false,
-            });
-            if vt == 32 {
-                v.push(Config {
-                    dk: 128,
-                    dv: 128,
-                    vt,
-                    dtype,
-                    mma: true,
-                    nbuf: if dtype == DType::F32 { 1 } else { 2 },
-                    wide: true,
-                });
-            }
-        }
+        let nbuf = if dtype == DType::F32 { 1 } else { 2 };
+        v.push(config(128, 128, 16, dtype, nbuf, false));
+        v.push(config(128, 128, 32, dtype, nbuf, false));
+        v.push(config(128, 128, 32, dtype, nbuf, true));
     }
     for (dk, dv) in [(256, 256), (64, 64)] {
         for dtype in [DType::F32, DType::BF16] {
-            v.push(Config {
-                dk,
-                dv,
-                vt: 32,
-                dtype,
-                mma: true,
-                nbuf: 1,
-                wide: false,
-            });
+            v.push(config(dk, dv, 32, dtype, 1, false));
         }
     }
     v
@@ -241,6 +224,23 @@ pub fn supported(dev: &CudaDevice, p: &Problem, opts: &Options) -> bool {
     Kernel::ALL
         .iter()
         .all(|&k| cfg.shared_bytes(k) <= dev.max_shared_per_block())
+}
+
+/// [`supported`], as an error naming what the fused path needs.
+fn require_supported(dev: &CudaDevice, p: &Problem, opts: &Options) -> Result<()> {
+    if supported(dev, p, opts) {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "options",
+        "a problem the fused path supports (chunk size 64, K and V multiples of 16 up to 256)",
+        format!(
+            "chunk size {}, K = {}, V = {}",
+            opts.chunk_size,
+            p.dk(),
+            p.dv()
+        ),
+    ))
 }
 
 /// The device-independent part of [`supported`]: chunk size 64, K and V multiples of 16 up to
@@ -492,18 +492,7 @@ pub(crate) fn forward_with_tables(
     tuning: &Tuning,
     t: super::stages::TablePtrs,
 ) -> Result<()> {
-    if !supported(dev, p, opts) {
-        return Err(Error::invalid(
-            "options",
-            "a problem the fused path supports (chunk size 64, K and V multiples of 16 up to 256)",
-            format!(
-                "chunk size {}, K = {}, V = {}",
-                opts.chunk_size,
-                p.dk(),
-                p.dv()
-            ),
-        ));
-    }
+    require_supported(dev, p, opts)?;
     // The kernels stage rows with 16-byte copies.
     for (arg, ptr) in [
         ("q", io.q),
@@ -780,18 +769,7 @@ fn upload_native(
     x: &crate::Inputs<'_>,
     opts: &Options,
 ) -> Result<(DType, Vec<cudarc::driver::CudaSlice<u8>>)> {
-    if !supported(dev, p, opts) {
-        return Err(Error::invalid(
-            "options",
-            "a problem the fused path supports (chunk size 64, K and V multiples of 16 up to 256)",
-            format!(
-                "chunk size {}, K = {}, V = {}",
-                opts.chunk_size,
-                p.dk(),
-                p.dv()
-            ),
-        ));
-    }
+    require_supported(dev, p, opts)?;
     let stream = dev.stream().clone();
     let up = |bytes: &[u8], what: &str| -> Result<cudarc::driver::CudaSlice<u8>> {
         if bytes.is_empty() {
