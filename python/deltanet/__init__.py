@@ -18,7 +18,7 @@ all raises ``TypeError``.
 
 from __future__ import annotations
 
-import math
+import re
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -149,6 +149,12 @@ def _str_option(arg: str, value: Any, default: str) -> str:
     return value
 
 
+def _fla_names(message: str) -> str:
+    """The library's messages with its option names replaced by the keywords of this call."""
+    message = message.replace("beta_is_logits", "use_beta_sigmoid_in_kernel")
+    return re.sub(r"(?<!use_)gate_in_kernel", "use_gate_in_kernel", message)
+
+
 def _wrap(out: Tuple[bytearray, list, str], like: Any) -> Any:
     """A result triple as an array of the caller's kind: a torch tensor when ``like`` (``v``) is
     one, else a numpy array. The result owns its memory and is writable."""
@@ -221,7 +227,10 @@ def _call(
         "a_log": None if a_log is None else _raw("A_log", a_log),
         "dt_bias": None if dt_bias is None else _raw("dt_bias", dt_bias),
     }
-    o, final_state = _native.run(mode, tensors, options)
+    try:
+        o, final_state = _native.run(mode, tensors, options)
+    except ValueError as e:
+        raise ValueError(_fla_names(str(e))) from None
     return _wrap(o, v), None if final_state is None else _wrap(final_state, v)
 
 
