@@ -8,8 +8,10 @@ names, tensor layouts and return values:
 
 Both run on the CPU through the deltanet Rust library, in f32 arithmetic, within 1e-5 relative
 L2 error of a float64 oracle. Inputs may be numpy arrays (float32, float16, and bfloat16 through
-``ml_dtypes``) or CPU torch tensors; outputs are of the same kind as ``v``. CUDA tensors are not
-supported yet (``NotImplementedError``). There is no autograd: outputs carry no gradient.
+``ml_dtypes``) or CPU torch tensors; outputs are of the same kind as ``v``. CUDA torch tensors
+run on the GPU, on torch's current stream, through the library's device-resident API
+(``_cuda.py``; not covered by CI, which has no GPU). There is no autograd: outputs carry no
+gradient.
 
 Bad arguments raise ``ValueError`` whose message starts with the argument's name (as in
 ``q: expected rank 4, got rank 3 (shape [2, 3, 4])``); a value that is not an array or tensor at
@@ -42,24 +44,19 @@ def _is_torch(x: Any) -> bool:
     return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "device")
 
 
-def _check_device(arg: str, x: Any) -> None:
-    """Refuses a torch tensor that is not on the CPU."""
-    device = getattr(x.device, "type", str(x.device))
-    if device == "cuda":
-        raise NotImplementedError(
-            f"{arg}: CUDA tensors are not supported by the deltanet Python package yet; "
-            "pass CPU tensors or numpy arrays (the GPU path exists in the Rust library's "
-            "device-resident API, deltanet::cuda, but is not bound to Python)"
-        )
-    if device != "cpu":
-        raise ValueError(f"{arg}: expected a CPU or CUDA tensor, got a tensor on {device!r}")
+def _on_cuda(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor on a GPU."""
+    return _is_torch(x) and getattr(x.device, "type", None) == "cuda"
 
 
 def _as_numpy(arg: str, x: Any) -> np.ndarray:
     """The host array behind a numpy array or CPU torch tensor (no copy where possible). A torch
     bfloat16 tensor, which numpy cannot hold, comes back as its raw 16-bit words (int16)."""
     if _is_torch(x):
-        _check_device(arg, x)
+        if x.device.type != "cpu":
+            raise ValueError(
+                f"{arg}: expected a CPU tensor or numpy array (as v), got a tensor on {x.device}"
+            )
         import torch  # only reached when the caller already uses torch
 
         x = x.detach()
@@ -106,6 +103,9 @@ def _offsets(cu_seqlens: Any) -> Optional[list]:
         if arr.size == 0:
             arr = arr.astype(np.int64)
     else:
+        if _on_cuda(cu_seqlens):
+            # The sequence tables are built on the host: one small copy (FLA makes it too).
+            cu_seqlens = cu_seqlens.cpu()
         arr = _as_numpy("cu_seqlens", cu_seqlens)
     if arr.ndim != 1:
         raise ValueError(f"cu_seqlens: expected rank 1, got rank {arr.ndim} (shape {list(arr.shape)})")
@@ -200,9 +200,6 @@ def _call(
     gate_in_kernel = _flag("use_gate_in_kernel", kwargs.get("use_gate_in_kernel", False))
     a_log = kwargs.get("A_log")
     dt_bias = kwargs.get("dt_bias")
-    if gate_in_kernel and dt_bias is None and a_log is not None:
-        # FLA's dt_bias is optional (no bias): the library takes an explicit [HV] of zeros.
-        dt_bias = np.zeros(_as_numpy("A_log", a_log).shape, dtype=np.float32)
     options = {
         "scale": _scale(scale),
         "use_qk_l2norm": _flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel),
@@ -216,6 +213,20 @@ def _call(
         "head_map": _str_option("head_map", kwargs.get("head_map"), "grouped"),
         "output_final_state": _flag("output_final_state", output_final_state),
     }
+    try:
+        if _on_cuda(v):
+            # GPU tensors stay on the GPU: the separate path of _cuda.py.
+            from . import _cuda
+
+            o, final_state = _cuda.run(
+                mode, q, k, v, g, beta, initial_state, _offsets(cu_seqlens), a_log, dt_bias, options
+            )
+            return o, final_state if options["output_final_state"] else None
+    except ValueError as e:
+        raise ValueError(_fla_names(str(e))) from None
+    if gate_in_kernel and dt_bias is None and a_log is not None:
+        # FLA's dt_bias is optional (no bias): the library takes an explicit [HV] of zeros.
+        dt_bias = np.zeros(_as_numpy("A_log", a_log).shape, dtype=np.float32)
     tensors = {
         "q": _raw("q", q),
         "k": _raw("k", k),
@@ -286,7 +297,7 @@ def chunk_gated_delta_rule(
     Raises:
         ValueError: a bad argument; the message starts with its name.
         TypeError: an argument that is not an array or tensor.
-        NotImplementedError: CUDA tensors.
+        RuntimeError: a failure of the GPU (or a bug), with the library's message.
     """
     return _call(
         "chunk",
@@ -325,11 +336,16 @@ def fused_recurrent_gated_delta_rule(
     To decode, pass the previous call's ``final_state`` as ``initial_state``.
     """
     if g is None or beta is None:
-        shape = _as_numpy("v", v).shape[:3]
+        if _on_cuda(v):
+            import torch
+
+            fill = lambda value: torch.full(tuple(v.shape[:3]), value, dtype=torch.float32, device=v.device)
+        else:
+            fill = lambda value: np.full(tuple(v.shape[:3]), value, dtype=np.float32)
         if g is None:
-            g = np.zeros(shape, dtype=np.float32)
+            g = fill(0.0)
         if beta is None:
-            beta = np.ones(shape, dtype=np.float32)
+            beta = fill(1.0)
     return _call(
         "recurrent",
         q,

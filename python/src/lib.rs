@@ -6,6 +6,10 @@
 //! or the per-token recurrence on the CPU with the GIL released, and maps every
 //! [`deltanet::Error`] to a Python exception: nothing panics across the boundary.
 //!
+//! CUDA torch tensors take a separate path (`deltanet/_cuda.py` and [`CudaPlan`] here): the
+//! library's device-resident engine API on torch's current stream, over torch's memory, given
+//! as raw device pointers.
+//!
 //! Bytes rather than numpy objects cross the boundary so that the module needs neither numpy's C
 //! API nor the buffer protocol, and builds as one abi3 wheel per platform.
 
@@ -144,20 +148,7 @@ fn compute(
     cu_seqlens: Option<Vec<i64>>,
     opts: &RawOptions,
 ) -> Result<Computed, Error> {
-    let options = Options {
-        scale: opts.scale,
-        use_qk_l2norm: opts.use_qk_l2norm,
-        beta_is_logits: opts.beta_is_logits,
-        allow_neg_eigval: opts.allow_neg_eigval,
-        gate_in_kernel: opts.gate_in_kernel,
-        state_v_first: opts.state_v_first,
-        chunk_size: opts.chunk_size,
-        head_map: opts.head_map.parse::<HeadMap>()?,
-        output_final_state: opts.output_final_state,
-        output_chunk_states: false,
-        // FLA's convention: o in the inputs' dtype.
-        out_dtype: None,
-    };
+    let options = library_options(opts)?;
     let mut x = Inputs::new(
         views.q.tensor("q")?,
         views.k.tensor("k")?,
@@ -283,10 +274,210 @@ fn to_out(py: Python<'_>, t: &Tensor<'_>) -> OutTensor {
     )
 }
 
+/// The library's [`Options`] from the Python layer's option dict.
+fn library_options(opts: &RawOptions) -> Result<Options, Error> {
+    Ok(Options {
+        scale: opts.scale,
+        use_qk_l2norm: opts.use_qk_l2norm,
+        beta_is_logits: opts.beta_is_logits,
+        allow_neg_eigval: opts.allow_neg_eigval,
+        gate_in_kernel: opts.gate_in_kernel,
+        state_v_first: opts.state_v_first,
+        chunk_size: opts.chunk_size,
+        head_map: opts.head_map.parse::<HeadMap>()?,
+        output_final_state: opts.output_final_state,
+        output_chunk_states: false,
+        // FLA's convention: o in the inputs' dtype.
+        out_dtype: None,
+    })
+}
+
+// ------------------------------------------------------------------------------------------------
+// CUDA torch tensors: the library's device-resident engine API on torch's current stream.
+
+/// One CUDA tensor as the Python layer passes it: its data pointer, its element count and its
+/// dtype name. The tensor is contiguous and on the plan's GPU (the Python layer makes it so).
+type RawDevice = (u64, usize, String);
+
+/// A plan of the device-resident forward or recurrent step for one call's shapes and options,
+/// on torch's current stream (`deltanet.cuda_plan` in Python terms; the package makes one per
+/// call). Holds the library's [`deltanet::cuda::Plan`]: kernels loaded, tables uploaded.
+///
+/// Unsendable: it holds a borrowed stream handle, valid only on the thread and during the call
+/// that made it.
+#[pyclass(unsendable)]
+struct CudaPlan {
+    plan: deltanet::cuda::Plan,
+    mode: Mode,
+}
+
+/// A device view over a raw tensor.
+///
+/// # Safety
+/// `raw.0` addresses `raw.1` elements of `raw.2` in device memory of the plan's context, alive
+/// and not written by anything else while the queued work runs.
+unsafe fn device_ref<'a>(
+    arg: &'static str,
+    raw: &RawDevice,
+) -> Result<deltanet::cuda::DeviceRef<'a>, Error> {
+    let dtype: DType = raw.2.parse().map_err(|e| named(arg, e))?;
+    // SAFETY: the caller's promise.
+    Ok(unsafe { deltanet::cuda::DeviceRef::from_raw(raw.0, raw.1, dtype) })
+}
+
+/// A writable device view over a raw tensor.
+///
+/// # Safety
+/// As [`device_ref`], and nothing else reads or writes the memory while the queued work runs.
+unsafe fn device_mut<'a>(
+    arg: &'static str,
+    raw: &RawDevice,
+) -> Result<deltanet::cuda::DeviceMut<'a>, Error> {
+    let dtype: DType = raw.2.parse().map_err(|e| named(arg, e))?;
+    // SAFETY: the caller's promise.
+    Ok(unsafe { deltanet::cuda::DeviceMut::from_raw(raw.0, raw.1, dtype) })
+}
+
+#[pymethods]
+impl CudaPlan {
+    /// Validates the shapes and options and prepares the plan: `mode` as in [`run`], `ordinal`
+    /// the GPU, `stream` torch's `current_stream().cuda_stream` (of that GPU's primary context,
+    /// which is the one torch uses), `dims` `(B, T, H, HV, K, V)`, `dtype` q's dtype name.
+    #[new]
+    fn new(
+        mode: &str,
+        ordinal: usize,
+        stream: usize,
+        dims: (usize, usize, usize, usize, usize, usize),
+        cu_seqlens: Option<Vec<i64>>,
+        options: &Bound<'_, PyAny>,
+        dtype: &str,
+    ) -> PyResult<Self> {
+        let mode = match mode {
+            "chunk" => Mode::Chunk,
+            "recurrent" => Mode::Recurrent,
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "mode: expected \"chunk\" or \"recurrent\", got {mode:?}"
+                )))
+            }
+        };
+        let opts: RawOptions = options.extract()?;
+        let make = || -> Result<deltanet::cuda::Plan, Error> {
+            let options = library_options(&opts)?;
+            let (batch, seq_len, heads, v_heads, dk, dv) = dims;
+            let dims = deltanet::Dims {
+                batch,
+                seq_len,
+                heads,
+                v_heads,
+                dk,
+                dv,
+            };
+            let p = Problem::new(dims, cu_seqlens.as_deref(), &options)?;
+            let dtype: DType = dtype.parse().map_err(|e| named("q", e))?;
+            // SAFETY: the Python layer passes torch's current stream of GPU `ordinal`, which
+            // outlives this plan (the plan is dropped at the end of the call that made it).
+            let dev =
+                unsafe { deltanet::cuda::CudaDevice::from_raw_stream(ordinal, stream as *mut _)? };
+            deltanet::cuda::Plan::new(std::sync::Arc::new(dev), &p, &options, dtype)
+        };
+        let plan = catch_unwind(AssertUnwindSafe(make))
+            .unwrap_or_else(|_| Err(Error::internal("a panic while making a CUDA plan")))
+            .map_err(to_py_err)?;
+        Ok(CudaPlan { plan, mode })
+    }
+
+    /// The workspace bytes the call needs (256-byte aligned memory).
+    #[getter]
+    fn workspace_bytes(&self) -> usize {
+        match self.mode {
+            Mode::Chunk => self.plan.forward_workspace_bytes(),
+            Mode::Recurrent => self.plan.step_workspace_bytes(),
+        }
+    }
+
+    /// Queues the call on the plan's stream; returns without waiting for it. `state` is the
+    /// final state written by the forward (`initial_state` may be the same memory) or the state
+    /// the recurrent step advances in place (then `initial_state` must be None).
+    ///
+    /// Every argument is a `(data_ptr, numel, dtype)` triple of a contiguous tensor on the
+    /// plan's GPU, kept alive by the caller until the queued work is done (torch's allocator
+    /// orders reuse on the same stream). Wrong pointers corrupt memory: only the package's
+    /// Python layer calls this.
+    #[allow(clippy::too_many_arguments)] // one per tensor of FLA's call
+    #[pyo3(signature = (q, k, v, g, beta, initial_state, a_log, dt_bias, o, state, workspace))]
+    fn run(
+        &self,
+        q: RawDevice,
+        k: RawDevice,
+        v: RawDevice,
+        g: RawDevice,
+        beta: RawDevice,
+        initial_state: Option<RawDevice>,
+        a_log: Option<RawDevice>,
+        dt_bias: Option<RawDevice>,
+        o: RawDevice,
+        state: RawDevice,
+        workspace: (u64, usize),
+    ) -> PyResult<()> {
+        let queue = || -> Result<(), Error> {
+            // SAFETY: the Python layer's promise, documented above.
+            unsafe {
+                let mut inputs = deltanet::cuda::TokenInputs::new(
+                    device_ref("q", &q)?,
+                    device_ref("k", &k)?,
+                    device_ref("v", &v)?,
+                    device_ref("g", &g)?,
+                    device_ref("beta", &beta)?,
+                );
+                inputs.a_log = a_log.as_ref().map(|t| device_ref("A_log", t)).transpose()?;
+                inputs.dt_bias = dt_bias
+                    .as_ref()
+                    .map(|t| device_ref("dt_bias", t))
+                    .transpose()?;
+                let o = device_mut("o", &o)?;
+                let ws = deltanet::cuda::Workspace::from_raw(workspace.0, workspace.1);
+                match self.mode {
+                    Mode::Chunk => {
+                        let mut io = deltanet::cuda::ForwardIo::new(
+                            inputs,
+                            o,
+                            device_mut("final_state", &state)?,
+                        );
+                        io.initial_state = initial_state
+                            .as_ref()
+                            .map(|t| device_ref("initial_state", t))
+                            .transpose()?;
+                        self.plan.forward(io, ws)
+                    }
+                    Mode::Recurrent => {
+                        if initial_state.is_some() {
+                            return Err(Error::internal(
+                                "the recurrent step takes its state in `state`",
+                            ));
+                        }
+                        let io = deltanet::cuda::StepIo {
+                            inputs,
+                            state: device_mut("initial_state", &state)?,
+                            o,
+                        };
+                        self.plan.recurrent_step(io, ws)
+                    }
+                }
+            }
+        };
+        catch_unwind(AssertUnwindSafe(queue))
+            .unwrap_or_else(|_| Err(Error::internal("a panic while queueing CUDA work")))
+            .map_err(to_py_err)
+    }
+}
+
 /// `deltanet._native`: see the crate documentation.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_class::<CudaPlan>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

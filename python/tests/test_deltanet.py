@@ -336,16 +336,16 @@ def test_not_an_array_is_a_type_error():
         chunk_gated_delta_rule(q.tolist(), k, v, g, beta)
 
 
-def test_cuda_tensors_are_not_implemented():
-    """A CUDA torch tensor is recognised by its type's module, without importing torch: a
-    stand-in of that shape is refused with NotImplementedError naming the argument."""
+def test_tensors_on_another_device_than_v_are_refused():
+    """A torch tensor is recognised by its type's module, without importing torch: a stand-in
+    on a GPU, beside a numpy v, is refused with ValueError naming the argument."""
     fake = types.new_class("Tensor")
     fake.__module__ = "torch"
     t = fake()
-    t.device = types.SimpleNamespace(type="cuda")
+    t.device = types.SimpleNamespace(type="cuda", __str__=None)
     q, k, v, g, beta = problem()
-    with pytest.raises(NotImplementedError, match=r"^v: CUDA tensors"):
-        chunk_gated_delta_rule(q, k, t, g, beta)
+    with pytest.raises(ValueError, match=r"^q: expected a CPU tensor or numpy array \(as v\)"):
+        chunk_gated_delta_rule(t, k, v, g, beta)
 
 
 def test_version():
