@@ -68,6 +68,7 @@ def run(
     """Checks the shapes (naming the argument, as the CPU path's messages do), prepares a plan
     on torch's current stream and queues ``mode`` on it. Returns ``(o, final_state)``."""
     device = v.device
+    v_first = options["state_v_first"]
     q, k, v, g, beta = (_on(a, x, device) for a, x in zip(("q", "k", "v", "g", "beta"), (q, k, v, g, beta)))
     _rank("q", q, 4)
     B, T, H, K = q.shape
@@ -83,6 +84,10 @@ def run(
     # The plan validates the sizes, options and cu_seqlens (the library's checks and messages)
     # before the other tensors are looked at, in the CPU path's order.
     stream = torch.cuda.current_stream(device)
+    if mode == "chunk":
+        # The engine's forward keeps states K-major; a V-major state is transposed here, on the
+        # GPU, on the way in and out.
+        options = dict(options, state_v_first=False)
     plan = _native.CudaPlan(
         mode, device.index, stream.cuda_stream, (B, T, H, HV, K, V), cu_seqlens, options, dtype
     )
@@ -91,7 +96,6 @@ def run(
         _shape(arg, x, (B, T, HV), "[B, T, HV]")
 
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    v_first = options["state_v_first"]
     state_shape = (N, HV, V, K) if v_first else (N, HV, K, V)
     h0 = None
     if initial_state is not None:
@@ -126,7 +130,6 @@ def run(
     workspace = torch.empty(max(plan.workspace_bytes, 1), dtype=torch.uint8, device=device)
     tensors = [_raw(a, x) for a, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))]
     if mode == "chunk":
-        # The engine's forward keeps states K-major: a V-major state is transposed on the GPU.
         if h0 is not None:
             h0 = (h0.transpose(-1, -2) if v_first else h0).contiguous()
         final_state = torch.empty((N, HV, K, V), dtype=torch.float32, device=device)
