@@ -348,6 +348,30 @@ def test_tensors_on_another_device_than_v_are_refused():
         chunk_gated_delta_rule(t, k, v, g, beta)
 
 
+def test_cuda_plan_binding_validates_before_touching_a_gpu():
+    """The GPU path's native class (called by deltanet/_cuda.py) takes its arguments as that
+    module passes them: bad sizes and options are ValueErrors naming the argument before any
+    GPU is looked for; without a driver, a RuntimeError saying so (never a crash)."""
+    from deltanet import _native
+
+    opts = dict(scale=None, use_qk_l2norm=False, beta_is_logits=False, allow_neg_eigval=False,
+                gate_in_kernel=False, state_v_first=False, chunk_size=64, head_map="grouped",
+                output_final_state=True)
+    dims = (1, 2, 1, 1, 4, 4)
+    with pytest.raises(ValueError, match=r"^chunk_size:"):
+        _native.CudaPlan("chunk", 0, 0, dims, None, dict(opts, chunk_size=128), "f32")
+    with pytest.raises(ValueError, match=r"^cu_seqlens:"):
+        _native.CudaPlan("recurrent", 0, 0, dims, [0, 3], opts, "f32")
+    with pytest.raises(ValueError, match=r"^mode:"):
+        _native.CudaPlan("both", 0, 0, dims, None, opts, "f32")
+    try:
+        plan = _native.CudaPlan("chunk", 0, 0, dims, None, opts, "f32")
+    except RuntimeError as e:
+        assert "CUDA" in str(e)
+    else:  # a GPU is present: the plan sizes its workspace
+        assert plan.workspace_bytes > 0
+
+
 def test_version():
     assert deltanet.__version__ == "0.1.0"
 
