@@ -82,8 +82,8 @@ fn named(arg: &'static str, e: Error) -> Error {
     }
 }
 
-/// The library tensor over a raw tensor's bytes (borrowed: bytes objects are immutable and
-/// 8-byte aligned by CPython, so no copy is made).
+/// The library tensor over a raw tensor's bytes: borrowed (a `bytes` object is immutable, and
+/// CPython aligns its data for f32), or copied by `Tensor::from_bytes` were it ever unaligned.
 fn tensor<'a>(
     arg: &'static str,
     bytes: &'a [u8],
