@@ -113,6 +113,18 @@ impl Decays {
         }
     }
 
+    /// The decays between the chunk's tokens, `n x n` row-major: `decay(i, l)` for `l <= i`, zero
+    /// above the diagonal. Computed once per chunk and shared by `A_strict` and `o`, so each
+    /// exponential is taken once.
+    pub(crate) fn pairs(&self, out: &mut [f32]) {
+        let n = self.len();
+        for (i, row) in out[..n * n].chunks_exact_mut(n).enumerate() {
+            for (l, x) in row.iter_mut().enumerate() {
+                *x = if l <= i { self.decay(i, l) } else { 0.0 };
+            }
+        }
+    }
+
     /// The decay from the state entering the chunk to token i.
     #[inline]
     pub(crate) fn decay0(&self, i: usize) -> f32 {
@@ -126,8 +138,9 @@ impl Decays {
 
 /// `c = alpha op(a) op(b) + beta c` on row-major blocks: `op(a)` is `m x k` (stored `k x m` when
 /// `a_t`), `op(b)` is `k x n` (stored `n x k` when `b_t`), `c` is `m x n`. The small dense
-/// products of a chunk are where the CPU spends its time, so they go to a tuned, single-threaded
-/// (hence deterministic) sgemm; with `beta == 0`, `c` is only written.
+/// products of a chunk are where the CPU spends its time: they go to the AVX-512 kernel where the
+/// CPU has it, else to a tuned sgemm; both are single-threaded, hence deterministic. With
+/// `beta == 0`, `c` is only written.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
     m: usize,
@@ -140,6 +153,25 @@ pub(crate) fn gemm(
     b_t: bool,
     beta: f32,
     c: &mut [f32],
+) {
+    product(m, k, n, alpha, a, a_t, b, b_t, beta, c, false);
+}
+
+/// [`gemm`], told whether `op(a)` is lower triangular (`m <= k`, zero past the diagonal) so that
+/// the kernel may skip the zeros.
+#[allow(clippy::too_many_arguments)]
+fn product(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    a_t: bool,
+    b: &[f32],
+    b_t: bool,
+    beta: f32,
+    c: &mut [f32],
+    lower: bool,
 ) {
     assert!(
         a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
@@ -155,6 +187,48 @@ pub(crate) fn gemm(
         return;
     }
     let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
+    #[cfg(target_arch = "x86_64")]
+    if super::kernel::have_avx512() {
+        let mut run = |b: &[f32]| {
+            let o = super::kernel::Operands {
+                m,
+                k,
+                n,
+                alpha,
+                a: a.as_ptr(),
+                rsa,
+                csa,
+                b: b.as_ptr(),
+                ldb: n,
+                beta,
+                c: c.as_mut_ptr(),
+                ldc: n,
+                lower: lower && !a_t && m <= k,
+            };
+            // SAFETY: AVX-512F was detected just above; the assert keeps every element the
+            // strides reach (row-major m x k or its transpose, k x n, m x n) inside `a`, `b`
+            // and `c`, and `c` is a unique borrow, aliasing neither input.
+            unsafe { super::kernel::gemm_avx512(&o) }
+        };
+        if b_t {
+            // The kernel reads rows of `b`: transpose the `n x k` block once, in a buffer each
+            // thread keeps, so no allocation recurs per chunk.
+            PACKED.with(|buf| {
+                let mut bt = buf.borrow_mut();
+                bt.clear();
+                bt.resize(k * n, 0.0);
+                for (j, row) in b[..n * k].chunks_exact(k).enumerate() {
+                    for (p, &x) in row.iter().enumerate() {
+                        bt[p * n + j] = x;
+                    }
+                }
+                run(&bt);
+            });
+        } else {
+            run(b);
+        }
+        return;
+    }
     let (rsb, csb) = if b_t { (1, k) } else { (n, 1) };
     // SAFETY: the assert above keeps every element the strides reach inside `a`, `b` and `c`
     // (row-major m x k, k x n and m x n, or their transposes), and `c` is a unique borrow, so it
@@ -177,6 +251,44 @@ pub(crate) fn gemm(
             1,
         );
     }
+}
+
+thread_local! {
+    /// A transposed `b` for the AVX-512 kernel.
+    static PACKED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The transpose of the `rows x cols` row-major `x`, written to `out` (`cols x rows`): `k^T`, the
+/// form in which the products with `k^T` read it.
+pub(crate) fn transpose(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+    for (i, row) in x[..rows * cols].chunks_exact(cols).enumerate() {
+        for (p, &v) in row.iter().enumerate() {
+            out[p * rows + i] = v;
+        }
+    }
+}
+
+/// Asks the CPU to start loading the bytes `x[first..first + len]` into its caches: the rows of
+/// the next chunk are fetched while this one is computed. A hint only, with no effect on results.
+#[inline]
+pub(crate) fn prefetch<T>(x: &[T], first: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let end = (first + len).min(x.len());
+        if first >= end {
+            return;
+        }
+        let bytes = (end - first) * std::mem::size_of::<T>();
+        let base = x[first..].as_ptr().cast::<i8>();
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: the address lies inside `x` (`off < bytes`), and a prefetch never faults
+            // nor changes memory.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(base.add(off)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (x, first, len);
 }
 
 /// `sum a[i] b[i]`.
@@ -229,7 +341,7 @@ pub(crate) fn finite_rows(x: &[f32], n: usize) -> usize {
 pub(crate) fn gemm_causal(n: usize, w: usize, l: &[f32], b: &[f32], beta: f32, c: &mut [f32]) {
     let m = finite_rows(&b[..n * w], n);
     if m == n {
-        gemm(n, n, w, 1.0, l, false, b, false, beta, c);
+        product(n, n, w, 1.0, l, false, b, false, beta, c, true);
         return;
     }
     let mut head = vec![0f32; m * m];

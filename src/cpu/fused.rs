@@ -9,7 +9,7 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::blocks::{gather_rows_with, scatter_rows};
+use super::blocks::{gather_rows_with, prefetch, transpose};
 use super::stages::chunk_output::output_block;
 use super::stages::chunk_state::{advance_block, v_new_block};
 use super::stages::cumsum::cumsum_block;
@@ -33,11 +33,24 @@ pub type FusedOut = ForwardOut<Vec<f32>>;
 pub(crate) trait ChunkRows: Sync {
     /// The `len x width` rows of chunk `c` for head `head`, as f32.
     fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize) -> Vec<f32>;
+    /// Starts fetching the rows [`ChunkRows::rows`] will read into the caches.
+    fn prefetch(&self, c: &Chunk, heads: usize, head: usize, width: usize);
+}
+
+/// Prefetches the `width`-element rows of chunk `c` for head `head` of a `[tokens, heads, width]`
+/// buffer.
+fn prefetch_rows<T>(x: &[T], c: &Chunk, heads: usize, head: usize, width: usize) {
+    for t in c.start..c.start + c.len {
+        prefetch(x, (t * heads + head) * width, width);
+    }
 }
 
 impl ChunkRows for Vec<f32> {
     fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize) -> Vec<f32> {
         gather_rows_with(self, |v| v, c, heads, head, width)
+    }
+    fn prefetch(&self, c: &Chunk, heads: usize, head: usize, width: usize) {
+        prefetch_rows(self, c, heads, head, width);
     }
 }
 
@@ -49,7 +62,20 @@ impl ChunkRows for Tensor<'_> {
             Data::F16(d) => gather_rows_with(d, f16::to_f32, c, heads, head, width),
         }
     }
+    fn prefetch(&self, c: &Chunk, heads: usize, head: usize, width: usize) {
+        match self.data() {
+            Data::F32(d) => prefetch_rows(d, c, heads, head, width),
+            Data::BF16(d) => prefetch_rows(d, c, heads, head, width),
+            Data::F16(d) => prefetch_rows(d, c, heads, head, width),
+        }
+    }
 }
+
+/// The output `o` shared by the tasks, each writing only its own (token, head) rows.
+struct SharedOut(*mut f32);
+// SAFETY: tasks write disjoint elements through the pointer (see its one use) while the buffer
+// outlives them.
+unsafe impl Sync for SharedOut {}
 
 /// The fused forward's inputs where they lie; the initial state K-major (`[N, HV, K, V]`).
 struct Sources<'a, R> {
@@ -132,22 +158,40 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
         check_len("initial_state", h0.len(), p.num_seqs() * hv * kv)?;
     }
 
-    let tasks: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..p.num_seqs() * hv)
+    let mut o = vec![0f32; p.tokens() * hv * dv];
+    let out = SharedOut(o.as_mut_ptr());
+    let bt = p.chunk_size();
+    let tasks: Vec<(Vec<f32>, Vec<f32>)> = (0..p.num_seqs() * hv)
         .into_par_iter()
         .map(|task| {
+            let out = &out;
             let (n, j) = (task / hv, task % hv);
             let kh = p.qk_head(j);
             let mut state =
                 x.h0.map_or_else(|| vec![0f32; kv], |h0| h0[task * kv..][..kv].to_vec());
-            let (s0, s1) = p.seqs()[n];
             let chunks = &p.chunks()[p.seq_chunks(n)];
-            let mut o = vec![0f32; (s1 - s0) * dv];
             let mut hs = Vec::with_capacity(if opts.output_chunk_states {
                 chunks.len() * kv
             } else {
                 0
             });
-            for c in chunks {
+            // Chunk-sized work buffers, allocated once per task.
+            let mut a = vec![0f32; bt * bt];
+            let mut a_inv = vec![0f32; bt * bt];
+            let mut pairs = vec![0f32; bt * bt];
+            let mut kt = vec![0f32; bt * dk];
+            let mut w = vec![0f32; bt * dk];
+            let mut u = vec![0f32; bt * dv];
+            let mut v_new = vec![0f32; bt * dv];
+            let mut o_c = vec![0f32; bt * dv];
+            for (ci, c) in chunks.iter().enumerate() {
+                if let Some(next) = chunks.get(ci + 1) {
+                    x.q.prefetch(next, nh, kh, dk);
+                    x.k.prefetch(next, nh, kh, dk);
+                    x.v.prefetch(next, hv, j, dv);
+                    x.g.prefetch(next, hv, j, 1);
+                    x.beta.prefetch(next, hv, j, 1);
+                }
                 let len = c.len;
                 let (mut q, mut k, v) = (
                     x.q.rows(c, nh, kh, dk),
@@ -170,33 +214,52 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
                     .map(|b| act.beta(b))
                     .collect();
                 let d = cumsum_block(&g);
-                let (mut a, mut a_inv) = (vec![0f32; len * len], vec![0f32; len * len]);
-                kkt_block(&k, dk, &beta, &d, &mut a);
-                solve_tril_block(&a, len, &mut a_inv);
-                let (mut w, mut u) = (vec![0f32; len * dk], vec![0f32; len * dv]);
-                wy_block(&a_inv, &k, &v, &beta, &d, &mut w, &mut u);
+                let (a, a_inv, pairs, kt) = (
+                    &mut a[..len * len],
+                    &mut a_inv[..len * len],
+                    &mut pairs[..len * len],
+                    &mut kt[..len * dk],
+                );
+                let (w, u, v_new, o_c) = (
+                    &mut w[..len * dk],
+                    &mut u[..len * dv],
+                    &mut v_new[..len * dv],
+                    &mut o_c[..len * dv],
+                );
+                d.pairs(pairs);
+                transpose(&k, len, dk, kt);
+                kkt_block(&k, kt, dk, &beta, pairs, a);
+                solve_tril_block(a, len, a_inv);
+                wy_block(a_inv, &k, &v, &beta, &d, w, u);
                 if opts.output_chunk_states {
                     hs.extend_from_slice(&state);
                 }
-                let mut v_new = vec![0f32; len * dv];
-                v_new_block(&w, &u, &state, dk, dv, &mut v_new);
-                let o_c = &mut o[(c.start - s0) * dv..][..len * dv];
-                output_block(&q, &k, &v_new, &state, &d, scale, o_c);
-                advance_block(&k, &v_new, &d, dk, dv, &mut state);
+                v_new_block(w, u, &state, dk, dv, v_new);
+                output_block(&q, kt, v_new, &state, &d, pairs, scale, o_c);
+                for (i, row) in o_c.chunks_exact(dv).enumerate() {
+                    // SAFETY: `o` holds `tokens x hv x dv` elements and outlives the tasks; this
+                    // row (token `c.start + i`, head `j`) belongs to this task alone, since each
+                    // task is one (sequence, head) and its chunks are that sequence's tokens.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            row.as_ptr(),
+                            out.0.add(((c.start + i) * hv + j) * dv),
+                            dv,
+                        );
+                    }
+                }
+                advance_block(&k, v_new, &d, dk, dv, &mut state);
             }
-            (o, state, hs)
+            (state, hs)
         })
         .collect();
 
-    let mut o = vec![0f32; p.tokens() * hv * dv];
     let mut final_state = vec![0f32; p.num_seqs() * hv * kv];
     let mut h = opts
         .output_chunk_states
         .then(|| vec![0f32; p.chunks().len() * hv * kv]);
-    for (task, (ot, fin, hs)) in tasks.into_iter().enumerate() {
+    for (task, (fin, hs)) in tasks.into_iter().enumerate() {
         let (n, j) = (task / hv, task % hv);
-        let s0 = p.seqs()[n].0;
-        scatter_rows(&mut o, &ot, s0, hv, j, dv);
         final_state[task * kv..][..kv].copy_from_slice(&fin);
         if let Some(h) = &mut h {
             let first = p.seq_chunks(n).start;

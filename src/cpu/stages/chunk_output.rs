@@ -1,19 +1,20 @@
 use rayon::prelude::*;
 
 use crate::backend::Gamma;
-use crate::cpu::{chunk_blocks, gather_rows, gemm, gemm_causal, Decays};
+use crate::cpu::{chunk_blocks, gather_rows, gemm, gemm_causal, transpose, Decays};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
 
-/// `o` (`n x V`) of one chunk of one head: `q`, `k` are `n x K`, `v_new` `n x V`, `state` the
-/// `K x V` state entering the chunk.
+/// `o` (`n x V`) of one chunk of one head: `q` is `n x K`, `kt` (`k^T`) `K x n`, `v_new`
+/// `n x V`, `state` the `K x V` state entering the chunk, `pairs` the chunk's [`Decays::pairs`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn output_block(
     q: &[f32],
-    k: &[f32],
+    kt: &[f32],
     v_new: &[f32],
     state: &[f32],
     d: &Decays,
+    pairs: &[f32],
     scale: f32,
     o: &mut [f32],
 ) {
@@ -28,14 +29,17 @@ pub(crate) fn output_block(
         let d0 = d.decay0(i);
         o[i * dv..][..dv].iter_mut().for_each(|x| *x *= d0);
     }
-    // Within the chunk: causal(q k^T e^(gamma_i - gamma_l)) v_new, diagonal included.
+    // Within the chunk: causal(q k^T e^(gamma_i - gamma_l)) v_new, diagonal included (`pairs`
+    // is zero above it).
     let mut p = vec![0f32; n * n];
-    gemm(n, dk, n, 1.0, q, false, k, true, 0.0, &mut p);
-    for i in 0..n {
-        for l in 0..n {
-            let x = &mut p[i * n + l];
-            *x = if l <= i { *x * d.decay(i, l) } else { 0.0 };
-        }
+    gemm(n, dk, n, 1.0, q, false, kt, false, 0.0, &mut p);
+    for (i, (row, decays)) in p.chunks_exact_mut(n).zip(pairs.chunks_exact(n)).enumerate() {
+        let (causal, rest) = row.split_at_mut(i + 1);
+        causal
+            .iter_mut()
+            .zip(decays)
+            .for_each(|(x, &decay)| *x *= decay);
+        rest.fill(0.0);
     }
     gemm_causal(n, dv, &p, v_new, 1.0, o);
     o[..n * dv].iter_mut().for_each(|x| *x *= scale);
@@ -66,15 +70,21 @@ pub fn chunk_output(
         .into_par_iter()
         .enumerate()
         .for_each(|(ci, (c, o))| {
-            let mut oc = vec![0f32; c.len * dv];
+            let n = c.len;
+            let (mut oc, mut pairs, mut kt) =
+                (vec![0f32; n * dv], vec![0f32; n * n], vec![0f32; n * dk]);
             for j in 0..hv {
                 let kh = p.qk_head(j);
+                let d = Decays::gather(gamma, &c, hv, j);
+                d.pairs(&mut pairs);
+                transpose(&gather_rows(k, &c, nh, kh, dk), n, dk, &mut kt);
                 output_block(
                     &gather_rows(q, &c, nh, kh, dk),
-                    &gather_rows(k, &c, nh, kh, dk),
+                    &kt,
                     &gather_rows(v_new, &c, hv, j, dv),
                     &h[(ci * hv + j) * kv..][..kv],
-                    &Decays::gather(gamma, &c, hv, j),
+                    &d,
+                    &pairs,
                     scale,
                     &mut oc,
                 );
