@@ -118,6 +118,12 @@ impl Decays {
     /// exponential is taken once.
     pub(crate) fn pairs(&self, out: &mut [f32]) {
         let n = self.len();
+        #[cfg(target_arch = "x86_64")]
+        if super::kernel::have_avx512() {
+            // SAFETY: AVX-512F was just detected; the kernel checks the lengths.
+            unsafe { super::kernel::pairs_avx512(&self.gamma, &self.lo, &self.seg, out) };
+            return;
+        }
         for (i, row) in out[..n * n].chunks_exact_mut(n).enumerate() {
             for (l, x) in row.iter_mut().enumerate() {
                 *x = if l <= i { self.decay(i, l) } else { 0.0 };

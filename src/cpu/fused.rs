@@ -270,3 +270,79 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
     }
     Ok(ForwardOut { o, h, final_state })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Times each block of one chunk on its own at the usual shape (chunk 64, K = V = 128):
+    /// `cargo test --release --lib block_times -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "timing; run by hand"]
+    fn block_times() {
+        let (n, dk, dv, reps) = (64usize, 128usize, 128usize, 2000u32);
+        let vals = |len: usize, seed: u32| -> Vec<f32> {
+            let mut s = seed.wrapping_mul(2654435761) | 1;
+            (0..len)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 17;
+                    s ^= s << 5;
+                    (s as f32 / u32::MAX as f32) - 0.5
+                })
+                .collect()
+        };
+        let (mut q, mut k, v) = (vals(n * dk, 1), vals(n * dk, 2), vals(n * dv, 3));
+        q.chunks_exact_mut(dk).for_each(l2norm_row);
+        k.chunks_exact_mut(dk).for_each(l2norm_row);
+        let g: Vec<f32> = vals(n, 4).iter().map(|x| -0.05 - 0.1 * x.abs()).collect();
+        let beta: Vec<f32> = vals(n, 5).iter().map(|x| 0.5 + x).collect();
+        let state = vals(dk * dv, 6);
+        let d = cumsum_block(&g);
+        let (mut pairs, mut kt, mut a, mut a_inv) = (
+            vec![0f32; n * n],
+            vec![0f32; n * dk],
+            vec![0f32; n * n],
+            vec![0f32; n * n],
+        );
+        let (mut w, mut u, mut v_new, mut o) = (
+            vec![0f32; n * dk],
+            vec![0f32; n * dv],
+            vec![0f32; n * dv],
+            vec![0f32; n * dv],
+        );
+        let mut h = state.clone();
+        let mut time = |name: &str, flops: f64, f: &mut dyn FnMut()| {
+            f();
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                f();
+            }
+            let us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
+            println!("{name:<12} {us:8.2} us  {:6.1} GFLOP/s", flops / us / 1e3);
+        };
+        let (nf, kf, vf) = (n as f64, dk as f64, dv as f64);
+        time("pairs", nf * nf / 2.0, &mut || d.pairs(&mut pairs));
+        time("transpose", 0.0, &mut || transpose(&k, n, dk, &mut kt));
+        time("kkt", 2.0 * nf * nf * kf, &mut || {
+            kkt_block(&k, &kt, dk, &beta, &pairs, &mut a)
+        });
+        time("solve_tril", nf * nf * nf / 3.0, &mut || {
+            solve_tril_block(&a, n, &mut a_inv)
+        });
+        time("wy", nf * nf * (kf + vf), &mut || {
+            wy_block(&a_inv, &k, &v, &beta, &d, &mut w, &mut u)
+        });
+        time("v_new", 2.0 * nf * kf * vf, &mut || {
+            v_new_block(&w, &u, &state, dk, dv, &mut v_new)
+        });
+        time(
+            "output",
+            2.0 * nf * kf * vf + nf * nf * (kf + vf),
+            &mut || output_block(&q, &kt, &v_new, &state, &d, &pairs, 1.0, &mut o),
+        );
+        time("advance", 2.0 * nf * kf * vf, &mut || {
+            advance_block(&k, &v_new, &d, dk, dv, &mut h)
+        });
+    }
+}

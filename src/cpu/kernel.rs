@@ -166,3 +166,244 @@ unsafe fn tile<const R: usize>(t: &Tile) {
         }
     }
 }
+
+/// `e^x` in 16 lanes, within 2 ulp of the exact value; inf, zero and NaN where `f32::exp` gives
+/// them.
+///
+/// `x = m ln2 + r` with `|r| <= ln2 / 2` (ln2 split in two so `r` is exact), `e^r` by its Taylor
+/// series to degree 7 (truncation below 1e-8 relative), then `2^m e^r` in one scaling, which
+/// rounds to an infinity or a subnormal as the exact value does.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn exp16(x: __m512) -> __m512 {
+    // e^-104 rounds to zero and e^89 to infinity; `max`/`min` return their second operand when
+    // either is NaN, so NaN passes through.
+    let x = _mm512_min_ps(
+        _mm512_set1_ps(89.0),
+        _mm512_max_ps(_mm512_set1_ps(-104.0), x),
+    );
+    let m =
+        _mm512_roundscale_ps::<0x08>(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)));
+    let r = _mm512_fnmadd_ps(m, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(m, _mm512_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm512_set1_ps(1.0 / 5040.0);
+    for c in [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    _mm512_scalef_ps(p, m)
+}
+
+/// The lanes `0..len` of a 16-lane vector.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn lanes(len: usize) -> __mmask16 {
+    if len >= 16 {
+        0xffff
+    } else {
+        ((1u32 << len) - 1) as __mmask16
+    }
+}
+
+/// [`super::blocks::Decays::pairs`] 16 lanes at a time: row i of `out` (`n x n`) holds
+/// `e^((gamma_i - gamma_l) + (lo_i - lo_l))` for `l <= i` in the same segment, zero elsewhere.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `gamma`, `lo`, `seg` hold `n` values and `out` `n * n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn pairs_avx512(gamma: &[f32], lo: &[f32], seg: &[f32], out: &mut [f32]) {
+    let n = gamma.len();
+    assert!(lo.len() == n && seg.len() == n && out.len() >= n * n);
+    for i in 0..n {
+        let (gi, li, si) = (
+            _mm512_set1_ps(gamma[i]),
+            _mm512_set1_ps(lo[i]),
+            _mm512_set1_ps(seg[i]),
+        );
+        let row = out.as_mut_ptr().add(i * n);
+        let mut l = 0;
+        while l < n {
+            let inside = lanes(n - l);
+            let causal = lanes((i + 1).saturating_sub(l));
+            let g = _mm512_maskz_loadu_ps(causal, gamma.as_ptr().add(l));
+            let lw = _mm512_maskz_loadu_ps(causal, lo.as_ptr().add(l));
+            let s = _mm512_maskz_loadu_ps(causal, seg.as_ptr().add(l));
+            let same = _mm512_mask_cmp_ps_mask::<_CMP_EQ_OQ>(causal, s, si);
+            let x = _mm512_add_ps(_mm512_sub_ps(gi, g), _mm512_sub_ps(li, lw));
+            let e = _mm512_maskz_mov_ps(same, exp16(x));
+            _mm512_mask_storeu_ps(row.add(l), inside, e);
+            l += 16;
+        }
+    }
+}
+
+/// [`super::stages::solve_tril::solve_tril_block`] with each row of `A_inv` held in four zmm
+/// registers: the same operations on every element in the same order (a product, then a sum),
+/// so the same result, without the short loops.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `n <= 64`, `a` and `a_inv` hold `n * n` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn solve_tril_avx512(a: &[f32], n: usize, a_inv: &mut [f32]) {
+    assert!(n <= 64 && a.len() >= n * n && a_inv.len() >= n * n);
+    let out = a_inv.as_mut_ptr();
+    for i in 0..n {
+        let mut row = [_mm512_setzero_ps(); 4];
+        row[i / 16] = _mm512_maskz_mov_ps(1 << (i % 16), _mm512_set1_ps(1.0));
+        for l in 0..i {
+            let x = a[i * n + l];
+            if x == 0.0 {
+                continue;
+            }
+            let nx = _mm512_set1_ps(-x);
+            let done = out.add(l * n);
+            // Row l of the inverse is nonzero in columns 0..=l only: only those are updated.
+            for (v, acc) in row.iter_mut().enumerate() {
+                if 16 * v <= l {
+                    let m = lanes(l + 1 - 16 * v);
+                    let prod = _mm512_mul_ps(nx, _mm512_maskz_loadu_ps(m, done.add(16 * v)));
+                    *acc = _mm512_mask_add_ps(*acc, m, *acc, prod);
+                }
+            }
+        }
+        for (v, acc) in row.iter().enumerate() {
+            if 16 * v < n {
+                _mm512_mask_storeu_ps(out.add(i * n + 16 * v), lanes(n - 16 * v), *acc);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    fn exp_lanes(x: &[f32; 16]) -> [f32; 16] {
+        let mut out = [0f32; 16];
+        // SAFETY: only called after AVX-512F is detected; both arrays hold 16 lanes.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), exp16(_mm512_loadu_ps(x.as_ptr()))) };
+        out
+    }
+
+    #[test]
+    fn exp16_is_within_two_ulp_and_keeps_the_special_values() {
+        if !have_avx512() {
+            return;
+        }
+        let mut x = -110.0f32;
+        while x < 92.0 {
+            let xs: [f32; 16] = std::array::from_fn(|i| x + i as f32 * 1.37e-3);
+            for (&xi, &e) in xs.iter().zip(&exp_lanes(&xs)) {
+                let want = (xi as f64).exp();
+                if want > f32::MAX as f64 {
+                    assert_eq!(e, f32::INFINITY, "e^{xi}");
+                } else if want < f32::MIN_POSITIVE as f64 {
+                    assert!((e as f64 - want).abs() <= 2.0 * 1.4e-45, "e^{xi}: {e} vs {want}");
+                } else {
+                    let ulp = (want as f32).to_bits().abs_diff(e.to_bits());
+                    assert!(ulp <= 2, "e^{xi}: {e} vs {want} ({ulp} ulp)");
+                }
+            }
+            x += 0.0219;
+        }
+        let special = exp_lanes(&[
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            88.0,
+            89.0,
+            -103.0,
+            -150.0,
+            1e30,
+            -1e30,
+            0.5,
+            -0.5,
+            2.0,
+        ]);
+        assert!(special[0].is_nan());
+        assert_eq!(special[1], f32::INFINITY);
+        assert_eq!(special[2], 0.0);
+        assert_eq!(special[3], 1.0);
+        assert_eq!(special[4], 1.0);
+        assert_eq!(special[8], f32::INFINITY);
+        assert_eq!(special[10], 0.0);
+        assert_eq!(special[11], f32::INFINITY);
+        assert_eq!(special[12], 0.0);
+    }
+
+    #[test]
+    fn gemm_kernel_matches_a_plain_product_on_odd_shapes() {
+        if !have_avx512() {
+            return;
+        }
+        let val = |i: usize| ((i * 7919 % 211) as f32 - 105.0) / 97.0;
+        for &(m, k, n) in &[(1, 1, 1), (9, 5, 33), (64, 128, 64), (17, 3, 47), (64, 64, 128)] {
+            for a_t in [false, true] {
+                for lower in [false, true] {
+                    if lower && (a_t || m > k) {
+                        continue;
+                    }
+                    let a: Vec<f32> = (0..m * k)
+                        .map(|i| {
+                            let (r, p) = if a_t { (i % m, i / m) } else { (i / k, i % k) };
+                            if lower && p > r {
+                                0.0
+                            } else {
+                                val(i)
+                            }
+                        })
+                        .collect();
+                    let b: Vec<f32> = (0..k * n).map(|i| val(i + 5)).collect();
+                    let mut c: Vec<f32> = (0..m * n).map(|i| val(i + 11)).collect();
+                    let mut want = c.clone();
+                    for i in 0..m {
+                        for j in 0..n {
+                            let mut s = 0f32;
+                            for p in 0..k {
+                                let x = if a_t { a[p * m + i] } else { a[i * k + p] };
+                                s = x.mul_add(b[p * n + j], s);
+                            }
+                            want[i * n + j] = 0.5f32.mul_add(want[i * n + j], -1.0 * s);
+                        }
+                    }
+                    let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
+                    let o = Operands {
+                        m,
+                        k,
+                        n,
+                        alpha: -1.0,
+                        a: a.as_ptr(),
+                        rsa,
+                        csa,
+                        b: b.as_ptr(),
+                        ldb: n,
+                        beta: 0.5,
+                        c: c.as_mut_ptr(),
+                        ldc: n,
+                        lower,
+                    };
+                    // SAFETY: AVX-512F detected; the buffers hold m x k, k x n and m x n.
+                    unsafe { gemm_avx512(&o) };
+                    assert_eq!(c, want, "m {m} k {k} n {n} a_t {a_t} lower {lower}");
+                }
+            }
+        }
+    }
+}

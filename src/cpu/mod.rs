@@ -8,7 +8,7 @@
 
 mod blocks;
 mod fused;
-mod kernel;
+pub(crate) mod kernel;
 mod stages;
 
 pub(crate) use blocks::{
