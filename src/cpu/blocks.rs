@@ -25,8 +25,9 @@ pub(crate) fn chunk_blocks<'a>(
 }
 
 /// The `n x width` rows of one chunk for head `head` of a `[tokens, heads, width]` buffer, as
-/// f32 (`to_f32` converts each element). Generic and inlined so that the conversion is inlined
-/// into the copy loop: this is the fused forward's every read of its inputs.
+/// f32 (`to_f32` converts each element), into `out` (its capacity is kept from chunk to chunk).
+/// Generic and inlined so that the conversion is inlined into the copy loop: this is the fused
+/// forward's every read of its inputs.
 #[inline]
 pub(crate) fn gather_rows_with<T: Copy, F: Fn(T) -> f32>(
     x: &[T],
@@ -35,8 +36,9 @@ pub(crate) fn gather_rows_with<T: Copy, F: Fn(T) -> f32>(
     heads: usize,
     head: usize,
     width: usize,
-) -> Vec<f32> {
-    let mut out = Vec::with_capacity(c.len * width);
+    out: &mut Vec<f32>,
+) {
+    out.clear();
     for t in c.start..c.start + c.len {
         out.extend(
             x[(t * heads + head) * width..][..width]
@@ -44,7 +46,6 @@ pub(crate) fn gather_rows_with<T: Copy, F: Fn(T) -> f32>(
                 .map(|&v| to_f32(v)),
         );
     }
-    out
 }
 
 /// The `n x width` rows of one chunk for head `head` of a `[tokens, heads, width]` buffer.
@@ -55,7 +56,9 @@ pub(crate) fn gather_rows(
     head: usize,
     width: usize,
 ) -> Vec<f32> {
-    gather_rows_with(x, |v| v, c, heads, head, width)
+    let mut out = Vec::with_capacity(c.len * width);
+    gather_rows_with(x, |v| v, c, heads, head, width, &mut out);
+    out
 }
 
 /// Writes the consecutive rows of one head, `rows` (`len x width`, tokens `first..`), into a
@@ -160,11 +163,28 @@ pub(crate) fn gemm(
     beta: f32,
     c: &mut [f32],
 ) {
-    product(m, k, n, alpha, a, a_t, b, b_t, beta, c, false);
+    product(m, k, n, alpha, a, a_t, b, b_t, beta, c, Tri::Full);
 }
 
-/// [`gemm`], told whether `op(a)` is lower triangular (`m <= k`, zero past the diagonal) so that
-/// the kernel may skip the zeros.
+/// `out[i, l] = x_i . k_l` for `l <= i` (`n x n`): the products of a chunk's tokens that causal
+/// attention and `A_strict` use, from `x` (`n x K`) and `kt` (`k^T`, `K x n`). Entries above the
+/// diagonal are left unspecified.
+pub(crate) fn causal_dots(x: &[f32], kt: &[f32], n: usize, dk: usize, out: &mut [f32]) {
+    product(n, dk, n, 1.0, x, false, kt, false, 0.0, out, Tri::LowerC);
+}
+
+/// What the kernel may assume or skip in a product.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tri {
+    /// Every element of `c`.
+    Full,
+    /// `op(a)` is lower triangular (`m <= k`, zero past the diagonal): its zeros are skipped.
+    LowerA,
+    /// Only `c[i, j]` with `j <= i` is wanted (square `c`); the others may be skipped.
+    LowerC,
+}
+
+/// [`gemm`] with what [`Tri`] allows the kernel to skip.
 #[allow(clippy::too_many_arguments)]
 fn product(
     m: usize,
@@ -177,7 +197,7 @@ fn product(
     b_t: bool,
     beta: f32,
     c: &mut [f32],
-    lower: bool,
+    tri: Tri,
 ) {
     assert!(
         a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
@@ -209,7 +229,8 @@ fn product(
                 beta,
                 c: c.as_mut_ptr(),
                 ldc: n,
-                lower: lower && !a_t && m <= k,
+                lower_a: tri == Tri::LowerA && !a_t && m <= k,
+                lower_c: tri == Tri::LowerC && m == n,
             };
             // SAFETY: AVX-512F was detected just above; the assert keeps every element the
             // strides reach (row-major m x k or its transpose, k x n, m x n) inside `a`, `b`
@@ -267,7 +288,15 @@ thread_local! {
 /// The transpose of the `rows x cols` row-major `x`, written to `out` (`cols x rows`): `k^T`, the
 /// form in which the products with `k^T` read it.
 pub(crate) fn transpose(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
-    for (i, row) in x[..rows * cols].chunks_exact(cols).enumerate() {
+    let x = &x[..rows * cols];
+    let out = &mut out[..rows * cols];
+    #[cfg(target_arch = "x86_64")]
+    if super::kernel::have_avx512() {
+        // SAFETY: AVX-512F was just detected; both slices hold rows x cols elements.
+        unsafe { super::kernel::transpose_avx512(x, rows, cols, out) };
+        return;
+    }
+    for (i, row) in x.chunks_exact(cols).enumerate() {
         for (p, &v) in row.iter().enumerate() {
             out[p * rows + i] = v;
         }
@@ -347,7 +376,7 @@ pub(crate) fn finite_rows(x: &[f32], n: usize) -> usize {
 pub(crate) fn gemm_causal(n: usize, w: usize, l: &[f32], b: &[f32], beta: f32, c: &mut [f32]) {
     let m = finite_rows(&b[..n * w], n);
     if m == n {
-        product(n, n, w, 1.0, l, false, b, false, beta, c, true);
+        product(n, n, w, 1.0, l, false, b, false, beta, c, Tri::LowerA);
         return;
     }
     let mut head = vec![0f32; m * m];

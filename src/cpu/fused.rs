@@ -9,7 +9,7 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::blocks::{gather_rows_with, prefetch, transpose};
+use super::blocks::{causal_dots, gather_rows_with, prefetch, transpose};
 use super::stages::chunk_output::output_block;
 use super::stages::chunk_state::{advance_block, v_new_block};
 use super::stages::cumsum::cumsum_block;
@@ -31,8 +31,8 @@ pub type FusedOut = ForwardOut<Vec<f32>>;
 
 /// A `[tokens, heads, width]` input, read one chunk of one head at a time.
 pub(crate) trait ChunkRows: Sync {
-    /// The `len x width` rows of chunk `c` for head `head`, as f32.
-    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize) -> Vec<f32>;
+    /// The `len x width` rows of chunk `c` for head `head`, as f32, into `out`.
+    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize, out: &mut Vec<f32>);
     /// Starts fetching the rows [`ChunkRows::rows`] will read into the caches.
     fn prefetch(&self, c: &Chunk, heads: usize, head: usize, width: usize);
 }
@@ -46,8 +46,8 @@ fn prefetch_rows<T>(x: &[T], c: &Chunk, heads: usize, head: usize, width: usize)
 }
 
 impl ChunkRows for Vec<f32> {
-    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize) -> Vec<f32> {
-        gather_rows_with(self, |v| v, c, heads, head, width)
+    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize, out: &mut Vec<f32>) {
+        gather_rows_with(self, |v| v, c, heads, head, width, out)
     }
     fn prefetch(&self, c: &Chunk, heads: usize, head: usize, width: usize) {
         prefetch_rows(self, c, heads, head, width);
@@ -55,11 +55,11 @@ impl ChunkRows for Vec<f32> {
 }
 
 impl ChunkRows for Tensor<'_> {
-    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize) -> Vec<f32> {
+    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize, out: &mut Vec<f32>) {
         match self.data() {
-            Data::F32(d) => gather_rows_with(d, |v| v, c, heads, head, width),
-            Data::BF16(d) => gather_rows_with(d, bf16::to_f32, c, heads, head, width),
-            Data::F16(d) => gather_rows_with(d, f16::to_f32, c, heads, head, width),
+            Data::F32(d) => gather_rows_with(d, |v| v, c, heads, head, width, out),
+            Data::BF16(d) => gather_rows_with(d, bf16::to_f32, c, heads, head, width, out),
+            Data::F16(d) => gather_rows_with(d, f16::to_f32, c, heads, head, width, out),
         }
     }
     fn prefetch(&self, c: &Chunk, heads: usize, head: usize, width: usize) {
@@ -158,99 +158,161 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
         check_len("initial_state", h0.len(), p.num_seqs() * hv * kv)?;
     }
 
+    // One task per (sequence, qk head, share of its value heads): the value heads of one qk
+    // head share q, k and the products of the chunk's tokens, so they go together unless the
+    // threads need more tasks. Each value head's arithmetic is the same however they are
+    // grouped, so results do not depend on the thread count.
+    let per_qk = hv / nh;
+    let group_of: Vec<Vec<usize>> = (0..nh)
+        .map(|kh| (0..hv).filter(|&j| p.qk_head(j) == kh).collect())
+        .collect();
+    let mut shares = 1;
+    while shares < per_qk && p.num_seqs() * nh * shares < 2 * rayon::current_num_threads() {
+        shares += 1;
+        while per_qk % shares != 0 {
+            shares += 1;
+        }
+    }
+    let per_task = per_qk / shares;
+    let tasks: Vec<(usize, &[usize])> = (0..p.num_seqs())
+        .flat_map(|n| {
+            group_of
+                .iter()
+                .flat_map(move |g| g.chunks(per_task).map(move |js| (n, js)))
+        })
+        .collect();
+
     let mut o = vec![0f32; p.tokens() * hv * dv];
     let out = SharedOut(o.as_mut_ptr());
     let bt = p.chunk_size();
-    let tasks: Vec<(Vec<f32>, Vec<f32>)> = (0..p.num_seqs() * hv)
-        .into_par_iter()
-        .map(|task| {
+    let results: Vec<Vec<(usize, Vec<f32>, Vec<f32>)>> = tasks
+        .par_iter()
+        .map(|&(n, js)| {
             let out = &out;
-            let (n, j) = (task / hv, task % hv);
-            let kh = p.qk_head(j);
-            let mut state =
-                x.h0.map_or_else(|| vec![0f32; kv], |h0| h0[task * kv..][..kv].to_vec());
+            let kh = p.qk_head(js[0]);
+            let mut states: Vec<Vec<f32>> = js
+                .iter()
+                .map(|&j| {
+                    x.h0.map_or_else(
+                        || vec![0f32; kv],
+                        |h0| h0[(n * hv + j) * kv..][..kv].to_vec(),
+                    )
+                })
+                .collect();
             let chunks = &p.chunks()[p.seq_chunks(n)];
-            let mut hs = Vec::with_capacity(if opts.output_chunk_states {
-                chunks.len() * kv
-            } else {
-                0
-            });
+            let mut hs: Vec<Vec<f32>> = js
+                .iter()
+                .map(|_| {
+                    Vec::with_capacity(if opts.output_chunk_states {
+                        chunks.len() * kv
+                    } else {
+                        0
+                    })
+                })
+                .collect();
             // Chunk-sized work buffers, allocated once per task.
-            let mut a = vec![0f32; bt * bt];
-            let mut a_inv = vec![0f32; bt * bt];
-            let mut pairs = vec![0f32; bt * bt];
-            let mut kt = vec![0f32; bt * dk];
-            let mut w = vec![0f32; bt * dk];
-            let mut u = vec![0f32; bt * dv];
-            let mut v_new = vec![0f32; bt * dv];
-            let mut o_c = vec![0f32; bt * dv];
-            for (ci, c) in chunks.iter().enumerate() {
-                if let Some(next) = chunks.get(ci + 1) {
-                    x.q.prefetch(next, nh, kh, dk);
-                    x.k.prefetch(next, nh, kh, dk);
-                    x.v.prefetch(next, hv, j, dv);
-                    x.g.prefetch(next, hv, j, 1);
-                    x.beta.prefetch(next, hv, j, 1);
+            let [mut q, mut k, mut v, mut g, mut beta] =
+                std::array::from_fn(|_| Vec::with_capacity(bt * dk.max(dv)));
+            let [mut kt, mut w] = std::array::from_fn(|_| vec![0f32; bt * dk]);
+            let [mut u, mut v_new, mut o_c] = std::array::from_fn(|_| vec![0f32; bt * dv]);
+            let [mut kk, mut qk, mut a, mut a_inv, mut pairs, mut scratch] =
+                std::array::from_fn(|_| vec![0f32; bt * bt]);
+            // The next chunk's rows are prefetched in `steps` parts spread over this chunk's
+            // work, so that the loads overlap the products instead of stalling in one burst.
+            let steps = 4 * js.len();
+            let prefetch_part = |next: &Chunk, step: usize| {
+                let (t0, t1) = (next.len * step / steps, next.len * (step + 1) / steps);
+                let part = Chunk {
+                    start: next.start + t0,
+                    len: t1 - t0,
+                    ..*next
+                };
+                x.q.prefetch(&part, nh, kh, dk);
+                x.k.prefetch(&part, nh, kh, dk);
+                for &j in js {
+                    x.v.prefetch(&part, hv, j, dv);
+                    x.g.prefetch(&part, hv, j, 1);
+                    x.beta.prefetch(&part, hv, j, 1);
                 }
+            };
+            for (ci, c) in chunks.iter().enumerate() {
+                let next = chunks.get(ci + 1);
+                let mut step = 0;
+                let mut prefetch_step = || {
+                    if let Some(next) = next {
+                        prefetch_part(next, step);
+                        step += 1;
+                    }
+                };
                 let len = c.len;
-                let (mut q, mut k, v) = (
-                    x.q.rows(c, nh, kh, dk),
-                    x.k.rows(c, nh, kh, dk),
-                    x.v.rows(c, hv, j, dv),
-                );
+                x.q.rows(c, nh, kh, dk, &mut q);
+                x.k.rows(c, nh, kh, dk, &mut k);
                 if opts.use_qk_l2norm {
                     q.chunks_exact_mut(dk).for_each(l2norm_row);
                     k.chunks_exact_mut(dk).for_each(l2norm_row);
                 }
-                let g: Vec<f32> =
-                    x.g.rows(c, hv, j, 1)
-                        .into_iter()
-                        .map(|g| act.g(g, j))
-                        .collect();
-                let beta: Vec<f32> = x
-                    .beta
-                    .rows(c, hv, j, 1)
-                    .into_iter()
-                    .map(|b| act.beta(b))
-                    .collect();
-                let d = cumsum_block(&g);
-                let (a, a_inv, pairs, kt) = (
-                    &mut a[..len * len],
-                    &mut a_inv[..len * len],
-                    &mut pairs[..len * len],
+                let (kt, kk, qk) = (
                     &mut kt[..len * dk],
+                    &mut kk[..len * len],
+                    &mut qk[..len * len],
                 );
-                let (w, u, v_new, o_c) = (
-                    &mut w[..len * dk],
-                    &mut u[..len * dv],
-                    &mut v_new[..len * dv],
-                    &mut o_c[..len * dv],
-                );
-                d.pairs(pairs);
                 transpose(&k, len, dk, kt);
-                kkt_block(&k, kt, dk, &beta, pairs, a);
-                solve_tril_block(a, len, a_inv);
-                wy_block(a_inv, &k, &v, &beta, &d, w, u);
-                if opts.output_chunk_states {
-                    hs.extend_from_slice(&state);
-                }
-                v_new_block(w, u, &state, dk, dv, v_new);
-                output_block(&q, kt, v_new, &state, &d, pairs, scale, o_c);
-                for (i, row) in o_c.chunks_exact(dv).enumerate() {
-                    // SAFETY: `o` holds `tokens x hv x dv` elements and outlives the tasks; this
-                    // row (token `c.start + i`, head `j`) belongs to this task alone, since each
-                    // task is one (sequence, head) and its chunks are that sequence's tokens.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            row.as_ptr(),
-                            out.0.add(((c.start + i) * hv + j) * dv),
-                            dv,
-                        );
+                causal_dots(&k, kt, len, dk, kk);
+                causal_dots(&q, kt, len, dk, qk);
+                for (jj, &j) in js.iter().enumerate() {
+                    let state = &mut states[jj];
+                    x.v.rows(c, hv, j, dv, &mut v);
+                    x.g.rows(c, hv, j, 1, &mut g);
+                    x.beta.rows(c, hv, j, 1, &mut beta);
+                    g.iter_mut().for_each(|g| *g = act.g(*g, j));
+                    beta.iter_mut().for_each(|b| *b = act.beta(*b));
+                    let d = cumsum_block(&g);
+                    let (a, a_inv, pairs, scratch) = (
+                        &mut a[..len * len],
+                        &mut a_inv[..len * len],
+                        &mut pairs[..len * len],
+                        &mut scratch[..len * len],
+                    );
+                    let (w, u, v_new, o_c) = (
+                        &mut w[..len * dk],
+                        &mut u[..len * dv],
+                        &mut v_new[..len * dv],
+                        &mut o_c[..len * dv],
+                    );
+                    prefetch_step();
+                    d.pairs(pairs);
+                    kkt_block(kk, &beta, pairs, a);
+                    solve_tril_block(a, len, a_inv);
+                    wy_block(a_inv, &k, &v, &beta, &d, w, u);
+                    prefetch_step();
+                    if opts.output_chunk_states {
+                        hs[jj].extend_from_slice(state);
                     }
+                    v_new_block(w, u, state, dk, dv, v_new);
+                    prefetch_step();
+                    output_block(&q, qk, v_new, state, &d, pairs, scale, scratch, o_c);
+                    for (i, row) in o_c.chunks_exact(dv).enumerate() {
+                        // SAFETY: `o` holds `tokens x hv x dv` elements and outlives the tasks;
+                        // this row (token `c.start + i`, head `j`) belongs to this task alone:
+                        // tasks are disjoint sets of (sequence, value head), and a sequence's
+                        // chunks hold its tokens only.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                row.as_ptr(),
+                                out.0.add(((c.start + i) * hv + j) * dv),
+                                dv,
+                            );
+                        }
+                    }
+                    prefetch_step();
+                    advance_block(&k, v_new, &d, dk, dv, state);
                 }
-                advance_block(&k, v_new, &d, dk, dv, &mut state);
             }
-            (state, hs)
+            js.iter()
+                .zip(states)
+                .zip(hs)
+                .map(|((&j, s), h)| (n * hv + j, s, h))
+                .collect()
         })
         .collect();
 
@@ -258,7 +320,7 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
     let mut h = opts
         .output_chunk_states
         .then(|| vec![0f32; p.chunks().len() * hv * kv]);
-    for (task, (fin, hs)) in tasks.into_iter().enumerate() {
+    for (task, fin, hs) in results.into_iter().flatten() {
         let (n, j) = (task / hv, task % hv);
         final_state[task * kv..][..kv].copy_from_slice(&fin);
         if let Some(h) = &mut h {
@@ -305,6 +367,8 @@ mod tests {
             vec![0f32; n * n],
             vec![0f32; n * n],
         );
+        let (mut kk, mut qk, mut scratch) =
+            (vec![0f32; n * n], vec![0f32; n * n], vec![0f32; n * n]);
         let (mut w, mut u, mut v_new, mut o) = (
             vec![0f32; n * dk],
             vec![0f32; n * dv],
@@ -324,9 +388,13 @@ mod tests {
         let (nf, kf, vf) = (n as f64, dk as f64, dv as f64);
         time("pairs", nf * nf / 2.0, &mut || d.pairs(&mut pairs));
         time("transpose", 0.0, &mut || transpose(&k, n, dk, &mut kt));
-        time("kkt", 2.0 * nf * nf * kf, &mut || {
-            kkt_block(&k, &kt, dk, &beta, &pairs, &mut a)
+        time("k k^T", 2.0 * nf * nf * kf, &mut || {
+            causal_dots(&k, &kt, n, dk, &mut kk)
         });
+        time("q k^T", 2.0 * nf * nf * kf, &mut || {
+            causal_dots(&q, &kt, n, dk, &mut qk)
+        });
+        time("kkt", 0.0, &mut || kkt_block(&kk, &beta, &pairs, &mut a));
         time("solve_tril", nf * nf * nf / 3.0, &mut || {
             solve_tril_block(&a, n, &mut a_inv)
         });
@@ -336,11 +404,19 @@ mod tests {
         time("v_new", 2.0 * nf * kf * vf, &mut || {
             v_new_block(&w, &u, &state, dk, dv, &mut v_new)
         });
-        time(
-            "output",
-            2.0 * nf * kf * vf + nf * nf * (kf + vf),
-            &mut || output_block(&q, &kt, &v_new, &state, &d, &pairs, 1.0, &mut o),
-        );
+        time("output", 2.0 * nf * kf * vf + nf * nf * vf, &mut || {
+            output_block(
+                &q,
+                &qk,
+                &v_new,
+                &state,
+                &d,
+                &pairs,
+                1.0,
+                &mut scratch,
+                &mut o,
+            )
+        });
         time("advance", 2.0 * nf * kf * vf, &mut || {
             advance_block(&k, &v_new, &d, dk, dv, &mut h)
         });

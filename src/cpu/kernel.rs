@@ -50,7 +50,10 @@ pub(crate) struct Operands {
     pub(crate) ldc: usize,
     /// `a` is lower triangular (`a[i, p] == 0` for `p > i`, `k >= m`): a tile of rows `i0..i1`
     /// sums over `p < i1` only.
-    pub(crate) lower: bool,
+    pub(crate) lower_a: bool,
+    /// Only the lower triangle of `c` (`j <= i`, diagonal included) is wanted: tiles wholly
+    /// above the diagonal are skipped and keep what `c` held.
+    pub(crate) lower_c: bool,
 }
 
 /// `c = alpha a b + beta c` (see [`Operands`]); with `beta == 0`, `c` is only written.
@@ -82,7 +85,11 @@ pub(crate) unsafe fn gemm_avx512(o: &Operands) {
         let mut i0 = 0;
         while i0 < o.m {
             let rows = (o.m - i0).min(MR);
-            let kk = if o.lower { (i0 + rows).min(o.k) } else { o.k };
+            if o.lower_c && i0 + rows <= j0 {
+                i0 += rows;
+                continue;
+            }
+            let kk = if o.lower_a { (i0 + rows).min(o.k) } else { o.k };
             let t = Tile {
                 kk,
                 a: o.a.add(i0 * o.rsa),
@@ -249,6 +256,32 @@ pub(crate) unsafe fn pairs_avx512(gamma: &[f32], lo: &[f32], seg: &[f32], out: &
     }
 }
 
+/// `out` (`cols x rows`) = the transpose of `x` (`rows x cols`, row-major), each run of 16
+/// outputs gathered from 16 input rows.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `x` and `out` hold `rows * cols` elements, and
+/// `rows * cols < 2^31`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn transpose_avx512(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+    assert!(x.len() >= rows * cols && out.len() >= rows * cols && rows * cols < 1 << 31);
+    let step = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(cols as i32),
+    );
+    let mut i0 = 0;
+    while i0 < rows {
+        let m = lanes(rows - i0);
+        let src = x.as_ptr().add(i0 * cols);
+        for p in 0..cols {
+            let v = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), m, step, src.add(p));
+            _mm512_mask_storeu_ps(out.as_mut_ptr().add(p * rows + i0), m, v);
+        }
+        i0 += 16;
+    }
+}
+
 /// [`super::stages::solve_tril::solve_tril_block`] with each row of `A_inv` held in four zmm
 /// registers: the same operations on every element in the same order (a product, then a sum),
 /// so the same result, without the short loops.
@@ -311,7 +344,10 @@ mod tests {
                 if want > f32::MAX as f64 {
                     assert_eq!(e, f32::INFINITY, "e^{xi}");
                 } else if want < f32::MIN_POSITIVE as f64 {
-                    assert!((e as f64 - want).abs() <= 2.0 * 1.4e-45, "e^{xi}: {e} vs {want}");
+                    assert!(
+                        (e as f64 - want).abs() <= 2.0 * 1.4e-45,
+                        "e^{xi}: {e} vs {want}"
+                    );
                 } else {
                     let ulp = (want as f32).to_bits().abs_diff(e.to_bits());
                     assert!(ulp <= 2, "e^{xi}: {e} vs {want} ({ulp} ulp)");
@@ -354,16 +390,22 @@ mod tests {
             return;
         }
         let val = |i: usize| ((i * 7919 % 211) as f32 - 105.0) / 97.0;
-        for &(m, k, n) in &[(1, 1, 1), (9, 5, 33), (64, 128, 64), (17, 3, 47), (64, 64, 128)] {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (9, 5, 33),
+            (64, 128, 64),
+            (17, 3, 47),
+            (64, 64, 128),
+        ] {
             for a_t in [false, true] {
-                for lower in [false, true] {
-                    if lower && (a_t || m > k) {
+                for lower_a in [false, true] {
+                    if lower_a && (a_t || m > k) {
                         continue;
                     }
                     let a: Vec<f32> = (0..m * k)
                         .map(|i| {
                             let (r, p) = if a_t { (i % m, i / m) } else { (i / k, i % k) };
-                            if lower && p > r {
+                            if lower_a && p > r {
                                 0.0
                             } else {
                                 val(i)
@@ -397,11 +439,12 @@ mod tests {
                         beta: 0.5,
                         c: c.as_mut_ptr(),
                         ldc: n,
-                        lower,
+                        lower_a,
+                        lower_c: false,
                     };
                     // SAFETY: AVX-512F detected; the buffers hold m x k, k x n and m x n.
                     unsafe { gemm_avx512(&o) };
-                    assert_eq!(c, want, "m {m} k {k} n {n} a_t {a_t} lower {lower}");
+                    assert_eq!(c, want, "m {m} k {k} n {n} a_t {a_t} lower_a {lower_a}");
                 }
             }
         }

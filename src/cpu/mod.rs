@@ -12,8 +12,8 @@ pub(crate) mod kernel;
 mod stages;
 
 pub(crate) use blocks::{
-    axpy, chunk_blocks, dot, gather_rows, gather_scalars, gemm, gemm_causal, scatter_rows,
-    transpose, Decays,
+    axpy, causal_dots, chunk_blocks, dot, gather_rows, gather_scalars, gemm, gemm_causal,
+    scatter_rows, transpose, Decays,
 };
 pub use fused::{fused_forward, FusedOut};
 pub use stages::chunk_output::chunk_output;
