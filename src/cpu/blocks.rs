@@ -24,10 +24,11 @@ pub(crate) fn chunk_blocks<'a>(
     blocks
 }
 
-/// The `n x width` rows of one chunk for head `head` of a `[tokens, heads, width]` buffer, as
-/// f32 (`to_f32` converts each element), into `out` (its capacity is kept from chunk to chunk).
-/// Generic and inlined so that the conversion is inlined into the copy loop: this is the fused
-/// forward's every read of its inputs.
+/// Columns `cols` of the rows of one chunk for head `head` of a `[tokens, heads, width]` buffer
+/// (`n x cols.len()`), as f32 (`to_f32` converts each element), into `out` (its capacity is kept
+/// from chunk to chunk). Generic and inlined so that the conversion is inlined into the copy
+/// loop: this is the fused forward's every read of its inputs.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn gather_rows_with<T: Copy, F: Fn(T) -> f32>(
     x: &[T],
@@ -36,12 +37,13 @@ pub(crate) fn gather_rows_with<T: Copy, F: Fn(T) -> f32>(
     heads: usize,
     head: usize,
     width: usize,
+    cols: std::ops::Range<usize>,
     out: &mut Vec<f32>,
 ) {
     out.clear();
     for t in c.start..c.start + c.len {
         out.extend(
-            x[(t * heads + head) * width..][..width]
+            x[(t * heads + head) * width + cols.start..][..cols.len()]
                 .iter()
                 .map(|&v| to_f32(v)),
         );
@@ -57,7 +59,7 @@ pub(crate) fn gather_rows(
     width: usize,
 ) -> Vec<f32> {
     let mut out = Vec::with_capacity(c.len * width);
-    gather_rows_with(x, |v| v, c, heads, head, width, &mut out);
+    gather_rows_with(x, |v| v, c, heads, head, width, 0..width, &mut out);
     out
 }
 

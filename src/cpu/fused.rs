@@ -29,44 +29,77 @@ use crate::problem::{Chunk, Inputs, Problem};
 /// (K-major), and the state entering every chunk with `Options::output_chunk_states`.
 pub type FusedOut = ForwardOut<Vec<f32>>;
 
-/// A `[tokens, heads, width]` input, read one chunk of one head at a time.
-pub(crate) trait ChunkRows: Sync {
-    /// The `len x width` rows of chunk `c` for head `head`, as f32, into `out`.
-    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize, out: &mut Vec<f32>);
-    /// Starts fetching the rows [`ChunkRows::rows`] will read into the caches.
-    fn prefetch(&self, c: &Chunk, heads: usize, head: usize, width: usize);
+/// Columns of a `[tokens, heads, width]` input: `width` and the range read.
+#[derive(Clone, Copy)]
+struct Cols {
+    width: usize,
+    first: usize,
+    len: usize,
 }
 
-/// Prefetches the `width`-element rows of chunk `c` for head `head` of a `[tokens, heads, width]`
-/// buffer.
-fn prefetch_rows<T>(x: &[T], c: &Chunk, heads: usize, head: usize, width: usize) {
-    for t in c.start..c.start + c.len {
-        prefetch(x, (t * heads + head) * width, width);
+impl Cols {
+    /// Every column of rows of `width`.
+    fn all(width: usize) -> Cols {
+        Cols {
+            width,
+            first: 0,
+            len: width,
+        }
     }
+}
+
+/// A `[tokens, heads, width]` input, read one chunk of one head at a time.
+trait ChunkRows: Sync {
+    /// Columns `cols` of the rows of chunk `c` for head `head` (`len x cols.len`), as f32, into
+    /// `out`.
+    fn rows(&self, c: &Chunk, heads: usize, head: usize, cols: Cols, out: &mut Vec<f32>);
+    /// Starts fetching what [`ChunkRows::rows`] will read into the caches.
+    fn prefetch(&self, c: &Chunk, heads: usize, head: usize, cols: Cols);
+}
+
+/// Prefetches columns `cols` of the rows of chunk `c` for head `head` of a
+/// `[tokens, heads, width]` buffer.
+fn prefetch_rows<T>(x: &[T], c: &Chunk, heads: usize, head: usize, cols: Cols) {
+    for t in c.start..c.start + c.len {
+        prefetch(x, (t * heads + head) * cols.width + cols.first, cols.len);
+    }
+}
+
+fn gather<T: Copy, F: Fn(T) -> f32>(
+    x: &[T],
+    to_f32: F,
+    c: &Chunk,
+    heads: usize,
+    head: usize,
+    cols: Cols,
+    out: &mut Vec<f32>,
+) {
+    let range = cols.first..cols.first + cols.len;
+    gather_rows_with(x, to_f32, c, heads, head, cols.width, range, out)
 }
 
 impl ChunkRows for Vec<f32> {
-    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize, out: &mut Vec<f32>) {
-        gather_rows_with(self, |v| v, c, heads, head, width, out)
+    fn rows(&self, c: &Chunk, heads: usize, head: usize, cols: Cols, out: &mut Vec<f32>) {
+        gather(self, |v| v, c, heads, head, cols, out)
     }
-    fn prefetch(&self, c: &Chunk, heads: usize, head: usize, width: usize) {
-        prefetch_rows(self, c, heads, head, width);
+    fn prefetch(&self, c: &Chunk, heads: usize, head: usize, cols: Cols) {
+        prefetch_rows(self, c, heads, head, cols);
     }
 }
 
 impl ChunkRows for Tensor<'_> {
-    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize, out: &mut Vec<f32>) {
+    fn rows(&self, c: &Chunk, heads: usize, head: usize, cols: Cols, out: &mut Vec<f32>) {
         match self.data() {
-            Data::F32(d) => gather_rows_with(d, |v| v, c, heads, head, width, out),
-            Data::BF16(d) => gather_rows_with(d, bf16::to_f32, c, heads, head, width, out),
-            Data::F16(d) => gather_rows_with(d, f16::to_f32, c, heads, head, width, out),
+            Data::F32(d) => gather(d, |v| v, c, heads, head, cols, out),
+            Data::BF16(d) => gather(d, bf16::to_f32, c, heads, head, cols, out),
+            Data::F16(d) => gather(d, f16::to_f32, c, heads, head, cols, out),
         }
     }
-    fn prefetch(&self, c: &Chunk, heads: usize, head: usize, width: usize) {
+    fn prefetch(&self, c: &Chunk, heads: usize, head: usize, cols: Cols) {
         match self.data() {
-            Data::F32(d) => prefetch_rows(d, c, heads, head, width),
-            Data::BF16(d) => prefetch_rows(d, c, heads, head, width),
-            Data::F16(d) => prefetch_rows(d, c, heads, head, width),
+            Data::F32(d) => prefetch_rows(d, c, heads, head, cols),
+            Data::BF16(d) => prefetch_rows(d, c, heads, head, cols),
+            Data::F16(d) => prefetch_rows(d, c, heads, head, cols),
         }
     }
 }
@@ -158,45 +191,64 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
         check_len("initial_state", h0.len(), p.num_seqs() * hv * kv)?;
     }
 
-    // One task per (sequence, qk head, share of its value heads): the value heads of one qk
-    // head share q, k and the products of the chunk's tokens, so they go together unless the
-    // threads need more tasks. Each value head's arithmetic is the same however they are
-    // grouped, so results do not depend on the thread count.
+    // One task per (sequence, qk head, share of its value heads, tile of V): the value heads of
+    // one qk head share q, k and the products of the chunk's tokens, so they go together, and
+    // V stays whole, unless the threads need more tasks. The columns of V are independent
+    // (only `A_strict`, `A_inv` and `w` span them, and each tile recomputes those), and each
+    // value head's arithmetic is the same however heads and columns are split, so results do
+    // not depend on the thread count.
+    let threads = rayon::current_num_threads();
     let per_qk = hv / nh;
     let group_of: Vec<Vec<usize>> = (0..nh)
         .map(|kh| (0..hv).filter(|&j| p.qk_head(j) == kh).collect())
         .collect();
     let mut shares = 1;
-    while shares < per_qk && p.num_seqs() * nh * shares < 2 * rayon::current_num_threads() {
+    while shares < per_qk && p.num_seqs() * nh * shares < 2 * threads {
         shares += 1;
         while per_qk % shares != 0 {
             shares += 1;
         }
     }
-    let per_task = per_qk / shares;
-    let tasks: Vec<(usize, &[usize])> = (0..p.num_seqs())
+    let mut tiles = 1;
+    while p.num_seqs() * nh * shares * tiles < 2 * threads
+        && dv % (2 * tiles) == 0
+        && (dv / (2 * tiles)) % 16 == 0
+    {
+        tiles *= 2;
+    }
+    let (per_task, tw) = (per_qk / shares, dv / tiles);
+    let tasks: Vec<(usize, &[usize], usize)> = (0..p.num_seqs())
         .flat_map(|n| {
-            group_of
-                .iter()
-                .flat_map(move |g| g.chunks(per_task).map(move |js| (n, js)))
+            group_of.iter().flat_map(move |g| {
+                g.chunks(per_task)
+                    .flat_map(move |js| (0..tiles).map(move |tile| (n, js, tile * tw)))
+            })
         })
         .collect();
+    // Columns c0..c0 + tw of the K rows of a state `[.., K, V]` at `at`.
+    let state_rows =
+        move |at: usize, c0: usize| (0..dk).map(move |r| at + r * dv + c0..at + r * dv + c0 + tw);
 
     let mut o = vec![0f32; p.tokens() * hv * dv];
     let out = SharedOut(o.as_mut_ptr());
     let bt = p.chunk_size();
-    let results: Vec<Vec<(usize, Vec<f32>, Vec<f32>)>> = tasks
+    let results: Vec<Vec<(usize, usize, Vec<f32>, Vec<f32>)>> = tasks
         .par_iter()
-        .map(|&(n, js)| {
+        .map(|&(n, js, c0)| {
             let out = &out;
             let kh = p.qk_head(js[0]);
+            let v_cols = Cols {
+                width: dv,
+                first: c0,
+                len: tw,
+            };
             let mut states: Vec<Vec<f32>> = js
                 .iter()
-                .map(|&j| {
-                    x.h0.map_or_else(
-                        || vec![0f32; kv],
-                        |h0| h0[(n * hv + j) * kv..][..kv].to_vec(),
-                    )
+                .map(|&j| match x.h0 {
+                    Some(h0) => state_rows((n * hv + j) * kv, c0)
+                        .flat_map(|r| h0[r].iter().copied())
+                        .collect(),
+                    None => vec![0f32; dk * tw],
                 })
                 .collect();
             let chunks = &p.chunks()[p.seq_chunks(n)];
@@ -204,7 +256,7 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
                 .iter()
                 .map(|_| {
                     Vec::with_capacity(if opts.output_chunk_states {
-                        chunks.len() * kv
+                        chunks.len() * dk * tw
                     } else {
                         0
                     })
@@ -212,9 +264,9 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
                 .collect();
             // Chunk-sized work buffers, allocated once per task.
             let [mut q, mut k, mut v, mut g, mut beta] =
-                std::array::from_fn(|_| Vec::with_capacity(bt * dk.max(dv)));
+                std::array::from_fn(|_| Vec::with_capacity(bt * dk.max(tw)));
             let [mut kt, mut w] = std::array::from_fn(|_| vec![0f32; bt * dk]);
-            let [mut u, mut v_new, mut o_c] = std::array::from_fn(|_| vec![0f32; bt * dv]);
+            let [mut u, mut v_new, mut o_c] = std::array::from_fn(|_| vec![0f32; bt * tw]);
             let [mut kk, mut qk, mut a, mut a_inv, mut pairs, mut scratch] =
                 std::array::from_fn(|_| vec![0f32; bt * bt]);
             // The next chunk's rows are prefetched in `steps` parts spread over this chunk's
@@ -227,12 +279,12 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
                     len: t1 - t0,
                     ..*next
                 };
-                x.q.prefetch(&part, nh, kh, dk);
-                x.k.prefetch(&part, nh, kh, dk);
+                x.q.prefetch(&part, nh, kh, Cols::all(dk));
+                x.k.prefetch(&part, nh, kh, Cols::all(dk));
                 for &j in js {
-                    x.v.prefetch(&part, hv, j, dv);
-                    x.g.prefetch(&part, hv, j, 1);
-                    x.beta.prefetch(&part, hv, j, 1);
+                    x.v.prefetch(&part, hv, j, v_cols);
+                    x.g.prefetch(&part, hv, j, Cols::all(1));
+                    x.beta.prefetch(&part, hv, j, Cols::all(1));
                 }
             };
             for (ci, c) in chunks.iter().enumerate() {
@@ -245,8 +297,8 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
                     }
                 };
                 let len = c.len;
-                x.q.rows(c, nh, kh, dk, &mut q);
-                x.k.rows(c, nh, kh, dk, &mut k);
+                x.q.rows(c, nh, kh, Cols::all(dk), &mut q);
+                x.k.rows(c, nh, kh, Cols::all(dk), &mut k);
                 if opts.use_qk_l2norm {
                     q.chunks_exact_mut(dk).for_each(l2norm_row);
                     k.chunks_exact_mut(dk).for_each(l2norm_row);
@@ -261,9 +313,9 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
                 causal_dots(&q, kt, len, dk, qk);
                 for (jj, &j) in js.iter().enumerate() {
                     let state = &mut states[jj];
-                    x.v.rows(c, hv, j, dv, &mut v);
-                    x.g.rows(c, hv, j, 1, &mut g);
-                    x.beta.rows(c, hv, j, 1, &mut beta);
+                    x.v.rows(c, hv, j, v_cols, &mut v);
+                    x.g.rows(c, hv, j, Cols::all(1), &mut g);
+                    x.beta.rows(c, hv, j, Cols::all(1), &mut beta);
                     g.iter_mut().for_each(|g| *g = act.g(*g, j));
                     beta.iter_mut().for_each(|b| *b = act.beta(*b));
                     let d = cumsum_block(&g);
@@ -275,9 +327,9 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
                     );
                     let (w, u, v_new, o_c) = (
                         &mut w[..len * dk],
-                        &mut u[..len * dv],
-                        &mut v_new[..len * dv],
-                        &mut o_c[..len * dv],
+                        &mut u[..len * tw],
+                        &mut v_new[..len * tw],
+                        &mut o_c[..len * tw],
                     );
                     prefetch_step();
                     d.pairs(pairs);
@@ -288,30 +340,30 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
                     if opts.output_chunk_states {
                         hs[jj].extend_from_slice(state);
                     }
-                    v_new_block(w, u, state, dk, dv, v_new);
+                    v_new_block(w, u, state, dk, tw, v_new);
                     prefetch_step();
                     output_block(&q, qk, v_new, state, &d, pairs, scale, scratch, o_c);
-                    for (i, row) in o_c.chunks_exact(dv).enumerate() {
+                    for (i, row) in o_c.chunks_exact(tw).enumerate() {
                         // SAFETY: `o` holds `tokens x hv x dv` elements and outlives the tasks;
-                        // this row (token `c.start + i`, head `j`) belongs to this task alone:
-                        // tasks are disjoint sets of (sequence, value head), and a sequence's
-                        // chunks hold its tokens only.
+                        // these columns of this row (token `c.start + i`, head `j`) belong to
+                        // this task alone: tasks are disjoint sets of (sequence, value head,
+                        // columns), and a sequence's chunks hold its tokens only.
                         unsafe {
                             std::ptr::copy_nonoverlapping(
                                 row.as_ptr(),
-                                out.0.add(((c.start + i) * hv + j) * dv),
-                                dv,
+                                out.0.add(((c.start + i) * hv + j) * dv + c0),
+                                tw,
                             );
                         }
                     }
                     prefetch_step();
-                    advance_block(&k, v_new, &d, dk, dv, state);
+                    advance_block(&k, v_new, &d, dk, tw, state);
                 }
             }
             js.iter()
                 .zip(states)
                 .zip(hs)
-                .map(|((&j, s), h)| (n * hv + j, s, h))
+                .map(|((&j, s), h)| (n * hv + j, c0, s, h))
                 .collect()
         })
         .collect();
@@ -320,13 +372,18 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
     let mut h = opts
         .output_chunk_states
         .then(|| vec![0f32; p.chunks().len() * hv * kv]);
-    for (task, fin, hs) in results.into_iter().flatten() {
-        let (n, j) = (task / hv, task % hv);
-        final_state[task * kv..][..kv].copy_from_slice(&fin);
+    for (nj, c0, fin, hs) in results.into_iter().flatten() {
+        let (n, j) = (nj / hv, nj % hv);
+        for (r, row) in state_rows(nj * kv, c0).zip(fin.chunks_exact(tw)) {
+            final_state[r].copy_from_slice(row);
+        }
         if let Some(h) = &mut h {
             let first = p.seq_chunks(n).start;
-            for (ci, hc) in hs.chunks_exact(kv).enumerate() {
-                h[((first + ci) * hv + j) * kv..][..kv].copy_from_slice(hc);
+            for (ci, hc) in hs.chunks_exact(dk * tw).enumerate() {
+                let at = ((first + ci) * hv + j) * kv;
+                for (r, row) in state_rows(at, c0).zip(hc.chunks_exact(tw)) {
+                    h[r].copy_from_slice(row);
+                }
             }
         }
     }
