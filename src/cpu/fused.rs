@@ -9,7 +9,7 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::blocks::{causal_dots, gather_rows_with, prefetch, transpose};
+use super::blocks::{causal_dots, gather_rows_with, prefetch, transpose, zeroed_output};
 use super::stages::chunk_output::output_block;
 use super::stages::chunk_state::{advance_block, v_new_block};
 use super::stages::cumsum::cumsum_block;
@@ -229,7 +229,7 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
     let state_rows =
         move |at: usize, c0: usize| (0..dk).map(move |r| at + r * dv + c0..at + r * dv + c0 + tw);
 
-    let mut o = vec![0f32; p.tokens() * hv * dv];
+    let mut o = zeroed_output(p.tokens() * hv * dv);
     let out = SharedOut(o.as_mut_ptr());
     let bt = p.chunk_size();
     let results: Vec<Vec<(usize, usize, Vec<f32>, Vec<f32>)>> = tasks
