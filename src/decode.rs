@@ -339,6 +339,7 @@ fn cpu_decode_in_pool(
     let mut tiles = 1;
     while n * hv * tiles < 4 * rayon::current_num_threads()
         && dv % (2 * tiles) == 0
+        && dv / (2 * tiles) >= 16
         && (dv / (2 * tiles)) % 16 == 0
     {
         tiles *= 2;
@@ -367,7 +368,7 @@ fn cpu_decode_in_pool(
         // task, and the slices made here overlap no other task's. `state` is its write row (a
         // scratch copy when the step writes no state); `src` its read row where that differs.
         let (mut state, mut src): (Vec<&mut [f32]>, Option<Vec<&[f32]>>) = unsafe {
-            debug_assert!(src_off + (dk - 1) * dv + tw <= pool_len);
+            debug_assert!(src_off + dk.saturating_sub(1) * dv + tw <= pool_len);
             let read: Vec<&[f32]> = rows_at(src_off)
                 .map(|at| std::slice::from_raw_parts(pool_ptr.0.add(at), tw))
                 .collect();
@@ -381,7 +382,7 @@ fn cpu_decode_in_pool(
                 (rows, None)
             } else {
                 let dst_off = (w as usize * hv + j) * kv + c0;
-                debug_assert!(dst_off + (dk - 1) * dv + tw <= pool_len);
+                debug_assert!(dst_off + dk.saturating_sub(1) * dv + tw <= pool_len);
                 let rows = rows_at(dst_off)
                     .map(|at| std::slice::from_raw_parts_mut(pool_ptr.0.add(at), tw))
                     .collect();
@@ -433,9 +434,11 @@ fn cpu_decode(
     let v_first = opts.state_v_first;
     let mut q = x.q.to_f32().into_owned();
     let mut k = x.k.to_f32().into_owned();
-    if opts.use_qk_l2norm {
-        q = crate::cpu::l2norm(&q, n * t * nh, dk)?;
-        k = crate::cpu::l2norm(&k, n * t * nh, dk)?;
+    if opts.use_qk_l2norm && dk > 0 {
+        // A few rows per step: normalised here, where a parallel pass would cost more in
+        // waking threads than it saves.
+        q.chunks_exact_mut(dk).for_each(crate::cpu::l2norm_row);
+        k.chunks_exact_mut(dk).for_each(crate::cpu::l2norm_row);
     }
     let v = x.v.to_f32();
     let a_log = x.a_log.as_ref().map(|a| a.to_f32().into_owned());

@@ -209,14 +209,16 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
             shares += 1;
         }
     }
+    // Tiles of whole zmm registers: halved while each half keeps 16 columns or more.
     let mut tiles = 1;
     while p.num_seqs() * nh * shares * tiles < 2 * threads
         && dv % (2 * tiles) == 0
+        && dv / (2 * tiles) >= 16
         && (dv / (2 * tiles)) % 16 == 0
     {
         tiles *= 2;
     }
-    let (per_task, tw) = (per_qk / shares, dv / tiles);
+    let (per_task, tw) = ((per_qk / shares).max(1), dv / tiles);
     let tasks: Vec<(usize, &[usize], usize)> = (0..p.num_seqs())
         .flat_map(|n| {
             group_of.iter().flat_map(move |g| {

@@ -22,6 +22,7 @@ pub use stages::cumsum::chunk_local_cumsum;
 pub use stages::gate::gate;
 pub use stages::kkt::chunk_scaled_dot_kkt;
 pub use stages::l2norm::l2norm;
+pub(crate) use stages::l2norm::l2norm_row;
 pub use stages::recurrent::recurrent;
 pub(crate) use stages::recurrent::token_step;
 pub use stages::solve_tril::solve_tril;
