@@ -129,7 +129,11 @@ fn bitwise_identical_when_v_is_split_across_threads() {
     };
     let one = run_in_pool(1, &spec);
     assert_eq!(one, run_in_pool(8, &spec), "1 thread and 8 threads differ");
-    assert_eq!(one, run_in_pool(16, &spec), "1 thread and 16 threads differ");
+    assert_eq!(
+        one,
+        run_in_pool(16, &spec),
+        "1 thread and 16 threads differ"
+    );
 }
 
 proptest! {

@@ -99,33 +99,70 @@ fn token_step_plain(
     u: &mut [f32],
     o: &mut [f32],
 ) {
-    u.fill(0.0);
+    // Blocks of 64 columns (then 16, then single ones): a block's sums stay in registers while
+    // the rows pass, so only the state itself goes through memory.
+    let w = u.len();
+    let mut c0 = 0;
+    while c0 < w {
+        let step = match w - c0 {
+            r if r >= 64 => columns::<64>(state, src, c0, k, q, v, decay, beta, scale, u, o),
+            r if r >= 16 => columns::<16>(state, src, c0, k, q, v, decay, beta, scale, u, o),
+            _ => columns::<1>(state, src, c0, k, q, v, decay, beta, scale, u, o),
+        };
+        c0 += step;
+    }
+}
+
+/// [`token_step`] on columns `c0..c0 + B`; returns `B`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn columns<const B: usize>(
+    state: &mut [&mut [f32]],
+    src: Option<&[&[f32]]>,
+    c0: usize,
+    k: &[f32],
+    q: &[f32],
+    v: &[f32],
+    decay: f32,
+    beta: f32,
+    scale: f32,
+    u: &mut [f32],
+    o: &mut [f32],
+) -> usize {
+    let mut acc = [0f32; B];
     for (r, &kr) in k.iter().enumerate() {
         let s_in: &[f32] = match src {
             Some(src) => src[r],
             None => state[r],
         };
-        for (uc, &s) in u.iter_mut().zip(s_in) {
-            *uc += kr * (s * decay);
+        for (a, &s) in acc.iter_mut().zip(&s_in[c0..c0 + B]) {
+            *a += kr * (s * decay);
         }
     }
-    for (uc, &vc) in u.iter_mut().zip(v) {
-        *uc = beta * (vc - *uc);
+    let mut ub = [0f32; B];
+    for ((ub, &a), &vc) in ub.iter_mut().zip(&acc).zip(&v[c0..c0 + B]) {
+        *ub = beta * (vc - a);
     }
-    o.fill(0.0);
+    u[c0..c0 + B].copy_from_slice(&ub);
+    let mut ob = [0f32; B];
     for (r, (&kr, &qr)) in k.iter().zip(q).enumerate() {
         let qr = scale * qr;
-        let row = &mut *state[r];
+        let row = &mut state[r][c0..c0 + B];
         match src {
             Some(src) => {
-                for (((out, &s), &uc), oc) in row.iter_mut().zip(src[r]).zip(&*u).zip(&mut *o) {
+                for (((out, &s), &uc), oc) in row
+                    .iter_mut()
+                    .zip(&src[r][c0..c0 + B])
+                    .zip(&ub)
+                    .zip(&mut ob)
+                {
                     let s = s * decay + kr * uc;
                     *out = s;
                     *oc += qr * s;
                 }
             }
             None => {
-                for ((out, &uc), oc) in row.iter_mut().zip(&*u).zip(&mut *o) {
+                for ((out, &uc), oc) in row.iter_mut().zip(&ub).zip(&mut ob) {
                     let s = *out * decay + kr * uc;
                     *out = s;
                     *oc += qr * s;
@@ -133,6 +170,8 @@ fn token_step_plain(
             }
         }
     }
+    o[c0..c0 + B].copy_from_slice(&ob);
+    B
 }
 
 /// The gated delta rule token by token, updating `state` in place (`[N, HV, K, V]`, or
