@@ -320,6 +320,15 @@ struct Shared(*mut f32);
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
+/// The step's inputs after l2norm and gate, f32.
+struct Activated<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    g: &'a [f32],
+    beta: &'a [f32],
+}
+
 /// The step on the CPU when only the final states are wanted, K-major: each task, one (sequence,
 /// value head, V-tile), reads its state where it lies in the pool and writes the new one to the
 /// row it goes to, one [`crate::cpu::token_step`] per token. Columns of the state are
@@ -329,9 +338,10 @@ fn cpu_decode_in_pool(
     plan: &Plan,
     idx: &StateIndices<'_>,
     pool: &mut [f32],
-    (q, k, v, g, beta): (&[f32], &[f32], &[f32], &[f32], &[f32]),
+    x: Activated<'_>,
     scale: f32,
 ) -> Vec<f32> {
+    let Activated { q, k, v, g, beta } = x;
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let (n, t) = (plan.n, plan.t);
     let kv = dk * dv;
@@ -454,7 +464,14 @@ fn cpu_decode(
     let scale = opts.scale_for(dk);
     let keep_all = token_states || idx.per_token.is_some();
     if !keep_all && !v_first {
-        let o = cpu_decode_in_pool(p, plan, idx, pool, (&q, &k, &v, &g, &beta), scale);
+        let x = Activated {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+        };
+        let o = cpu_decode_in_pool(p, plan, idx, pool, x, scale);
         return Ok((o, None));
     }
     let pool_ro: &[f32] = pool;

@@ -123,7 +123,7 @@ impl Decays {
     /// exponential is taken once.
     pub(crate) fn pairs(&self, out: &mut [f32]) {
         let n = self.len();
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
         if super::kernel::have_avx512() {
             // SAFETY: AVX-512F was just detected; the kernel checks the lengths.
             unsafe { super::kernel::pairs_avx512(&self.gamma, &self.lo, &self.seg, out) };
@@ -215,7 +215,7 @@ fn product(
         return;
     }
     let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
     if super::kernel::have_avx512() {
         let mut run = |b: &[f32]| {
             let o = super::kernel::Operands {
@@ -258,6 +258,8 @@ fn product(
         }
         return;
     }
+    // The general sgemm computes every element: nothing for it to skip.
+    let _ = tri;
     let (rsb, csb) = if b_t { (1, k) } else { (n, 1) };
     // SAFETY: the assert above keeps every element the strides reach inside `a`, `b` and `c`
     // (row-major m x k, k x n and m x n, or their transposes), and `c` is a unique borrow, so it
@@ -292,7 +294,7 @@ thread_local! {
 pub(crate) fn transpose(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
     let x = &x[..rows * cols];
     let out = &mut out[..rows * cols];
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
     if super::kernel::have_avx512() {
         // SAFETY: AVX-512F was just detected; both slices hold rows x cols elements.
         unsafe { super::kernel::transpose_avx512(x, rows, cols, out) };

@@ -104,6 +104,10 @@ impl ChunkRows for Tensor<'_> {
     }
 }
 
+/// What a task leaves for one of its value heads: `n * HV + j`, its first column, and its final
+/// state and chunk states (`K x` its columns).
+type TaskState = (usize, usize, Vec<f32>, Vec<f32>);
+
 /// The output `o` shared by the tasks, each writing only its own (token, head) rows.
 struct SharedOut(*mut f32);
 // SAFETY: tasks write disjoint elements through the pointer (see its one use) while the buffer
@@ -234,7 +238,7 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
     let mut o = zeroed_output(p.tokens() * hv * dv);
     let out = SharedOut(o.as_mut_ptr());
     let bt = p.chunk_size();
-    let results: Vec<Vec<(usize, usize, Vec<f32>, Vec<f32>)>> = tasks
+    let results: Vec<Vec<TaskState>> = tasks
         .par_iter()
         .map(|&(n, js, c0)| {
             let out = &out;
@@ -435,7 +439,7 @@ mod tests {
             vec![0f32; n * dv],
         );
         let mut h = state.clone();
-        let mut time = |name: &str, flops: f64, f: &mut dyn FnMut()| {
+        let time = |name: &str, flops: f64, f: &mut dyn FnMut()| {
             f();
             let t = std::time::Instant::now();
             for _ in 0..reps {

@@ -1,4 +1,7 @@
-//! The register-blocked AVX-512 product behind [`super::blocks::gemm`] on CPUs that have it.
+//! The AVX-512 kernels of the CPU path, used where the CPU has AVX-512F (checked at run time;
+//! the callers fall back to portable code): the register-blocked product behind
+//! [`super::blocks::gemm`], the decays of a chunk with a vector `exp`, the triangular solve and
+//! the transpose of `k`.
 //!
 //! A chunk's products are small (64 x 128 x 128 at most for the usual shapes), so packing both
 //! operands, as a general sgemm does, costs a noticeable share of the work. Here `b` is read in
@@ -11,7 +14,6 @@
 //! Every element of `c` is `alpha * (sum over p in order of a[i, p] b[p, j]) + beta * c`, the sum
 //! a chain of FMAs: the result depends on the operands alone, never on alignment or threads.
 
-#[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
 /// Rows of an output tile.
@@ -22,14 +24,7 @@ pub(crate) const NR: usize = 32;
 /// Whether [`gemm_avx512`] may be called on this CPU.
 #[inline]
 pub(crate) fn have_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    std::is_x86_feature_detected!("avx512f")
 }
 
 /// The operands of one product: `a` is read at `a[i * rsa + p * csa]`, `b` is row-major `k x n`
@@ -62,7 +57,6 @@ pub(crate) struct Operands {
 /// The CPU must support AVX-512F ([`have_avx512`]), and every element the strides reach for
 /// `i < m`, `p < k`, `j < n` must lie inside the allocations `a`, `b` and `c` point into, with `c`
 /// aliasing neither input.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn gemm_avx512(o: &Operands) {
     let mut j0 = 0;
@@ -121,7 +115,6 @@ pub(crate) unsafe fn gemm_avx512(o: &Operands) {
 }
 
 /// One output tile: its corner in `a`, `b` and `c`, the depth it sums over and its column masks.
-#[cfg(target_arch = "x86_64")]
 struct Tile {
     kk: usize,
     a: *const f32,
@@ -141,7 +134,6 @@ struct Tile {
 ///
 /// # Safety
 /// As [`gemm_avx512`], for the tile's rows, columns (the masks) and depth.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn tile<const R: usize>(t: &Tile) {
@@ -183,7 +175,6 @@ unsafe fn tile<const R: usize>(t: &Tile) {
 ///
 /// # Safety
 /// The CPU must support AVX-512F.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn exp16(x: __m512) -> __m512 {
@@ -213,7 +204,6 @@ unsafe fn exp16(x: __m512) -> __m512 {
 }
 
 /// The lanes `0..len` of a 16-lane vector.
-#[cfg(target_arch = "x86_64")]
 #[inline]
 fn lanes(len: usize) -> __mmask16 {
     if len >= 16 {
@@ -228,7 +218,6 @@ fn lanes(len: usize) -> __mmask16 {
 ///
 /// # Safety
 /// The CPU must support AVX-512F; `gamma`, `lo`, `seg` hold `n` values and `out` `n * n`.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn pairs_avx512(gamma: &[f32], lo: &[f32], seg: &[f32], out: &mut [f32]) {
     let n = gamma.len();
@@ -262,7 +251,6 @@ pub(crate) unsafe fn pairs_avx512(gamma: &[f32], lo: &[f32], seg: &[f32], out: &
 /// # Safety
 /// The CPU must support AVX-512F; `x` and `out` hold `rows * cols` elements, and
 /// `rows * cols < 2^31`.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn transpose_avx512(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
     assert!(x.len() >= rows * cols && out.len() >= rows * cols && rows * cols < 1 << 31);
@@ -288,7 +276,6 @@ pub(crate) unsafe fn transpose_avx512(x: &[f32], rows: usize, cols: usize, out: 
 ///
 /// # Safety
 /// The CPU must support AVX-512F; `n <= 64`, `a` and `a_inv` hold `n * n` values.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn solve_tril_avx512(a: &[f32], n: usize, a_inv: &mut [f32]) {
     assert!(n <= 64 && a.len() >= n * n && a_inv.len() >= n * n);
@@ -320,7 +307,7 @@ pub(crate) unsafe fn solve_tril_avx512(a: &[f32], n: usize, a_inv: &mut [f32]) {
     }
 }
 
-#[cfg(all(test, target_arch = "x86_64"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -422,7 +409,7 @@ mod tests {
                                 let x = if a_t { a[p * m + i] } else { a[i * k + p] };
                                 s = x.mul_add(b[p * n + j], s);
                             }
-                            want[i * n + j] = 0.5f32.mul_add(want[i * n + j], -1.0 * s);
+                            want[i * n + j] = 0.5f32.mul_add(want[i * n + j], -s);
                         }
                     }
                     let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };

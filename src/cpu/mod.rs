@@ -8,6 +8,10 @@
 
 mod blocks;
 mod fused;
+// Compiled only where the AVX-512 intrinsics are stable (see build.rs), whatever the crate's
+// rust-version.
+#[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+#[clippy::msrv = "1.89"]
 pub(crate) mod kernel;
 mod stages;
 

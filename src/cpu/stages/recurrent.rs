@@ -27,12 +27,13 @@ pub(crate) fn token_step(
     u: &mut [f32],
     o: &mut [f32],
 ) {
+    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+    if crate::cpu::kernel::have_avx512() {
+        // SAFETY: AVX-512F was just detected.
+        return unsafe { token_step_avx512(state, src, k, q, v, decay, beta, scale, u, o) };
+    }
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::cpu::kernel::have_avx512() {
-            // SAFETY: AVX-512F was just detected.
-            return unsafe { token_step_avx512(state, src, k, q, v, decay, beta, scale, u, o) };
-        }
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: AVX2 was just detected.
             return unsafe { token_step_avx2(state, src, k, q, v, decay, beta, scale, u, o) };
@@ -45,7 +46,7 @@ pub(crate) fn token_step(
 ///
 /// # Safety
 /// The CPU must support AVX-512F.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", deltanet_avx512))]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn token_step_avx512(
