@@ -285,6 +285,22 @@ fn product(
 }
 
 thread_local! {
+    /// Chunk-sized scratch of the block functions (see [`with_scratch`]).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `x` copied into a buffer each thread keeps: the row-scaled copies the block
+/// functions make of a chunk's rows, without an allocation per chunk.
+pub(crate) fn with_scratch<R>(x: &[f32], f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.clear();
+        buf.extend_from_slice(x);
+        f(&mut buf)
+    })
+}
+
+thread_local! {
     /// A transposed `b` for the AVX-512 kernel.
     static PACKED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
