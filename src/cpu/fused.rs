@@ -1,8 +1,10 @@
 //! The CPU forward with every stage fused per (sequence, value head): each task walks its chunks
 //! with the same block functions the stages use, on chunk-sized buffers that stay in cache, and
 //! reads q/k/v where they lie (host tensors in their own dtype, or f32 buffers) one chunk at a
-//! time. Nothing of size T is materialised except `o`, so memory stays near the inputs' size;
-//! results are bitwise those of the staged path.
+//! time, the next chunk's rows prefetched while this one is computed. A task takes the value
+//! heads of one qk head together (they share q, k, `k k^T` and `q k^T`), or a tile of V's
+//! columns when there are more threads than heads. Nothing of size T is materialised except
+//! `o`, so memory stays near the inputs' size; results are bitwise those of the staged path.
 //!
 //! Equals l2norm + gate + cumsum + kkt + solve_tril + wy + chunk_state + chunk_output.
 
@@ -65,6 +67,7 @@ fn prefetch_rows<T>(x: &[T], c: &Chunk, heads: usize, head: usize, cols: Cols) {
     }
 }
 
+/// [`ChunkRows::rows`] of a buffer of `T`, converted by `to_f32`.
 fn gather<T: Copy, F: Fn(T) -> f32>(
     x: &[T],
     to_f32: F,
