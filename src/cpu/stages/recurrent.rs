@@ -39,7 +39,7 @@ pub(crate) fn token_step(
             return unsafe { token_step_avx2(state, src, k, q, v, decay, beta, scale, u, o) };
         }
     }
-    token_step_plain(state, src, k, q, v, decay, beta, scale, u, o)
+    token_step_plain::<64>(state, src, k, q, v, decay, beta, scale, u, o)
 }
 
 /// [`token_step`] compiled for AVX-512.
@@ -61,7 +61,7 @@ unsafe fn token_step_avx512(
     u: &mut [f32],
     o: &mut [f32],
 ) {
-    token_step_plain(state, src, k, q, v, decay, beta, scale, u, o)
+    token_step_plain::<128>(state, src, k, q, v, decay, beta, scale, u, o)
 }
 
 /// [`token_step`] compiled for AVX2.
@@ -83,12 +83,12 @@ unsafe fn token_step_avx2(
     u: &mut [f32],
     o: &mut [f32],
 ) {
-    token_step_plain(state, src, k, q, v, decay, beta, scale, u, o)
+    token_step_plain::<64>(state, src, k, q, v, decay, beta, scale, u, o)
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn token_step_plain(
+fn token_step_plain<const WIDE: usize>(
     state: &mut [&mut [f32]],
     src: Option<&[&[f32]]>,
     k: &[f32],
@@ -100,13 +100,14 @@ fn token_step_plain(
     u: &mut [f32],
     o: &mut [f32],
 ) {
-    // Blocks of 64 columns (then 16, then single ones): a block's sums stay in registers while
-    // the rows pass, so only the state itself goes through memory.
+    // Blocks of WIDE columns (then 16, then single ones): a block's sums stay in registers while
+    // the rows pass, so only the state itself goes through memory, and a whole row of 128 is
+    // one block where 32 registers hold it.
     let w = u.len();
     let mut c0 = 0;
     while c0 < w {
         let step = match w - c0 {
-            r if r >= 64 => columns::<64>(state, src, c0, k, q, v, decay, beta, scale, u, o),
+            r if r >= WIDE => columns::<WIDE>(state, src, c0, k, q, v, decay, beta, scale, u, o),
             r if r >= 16 => columns::<16>(state, src, c0, k, q, v, decay, beta, scale, u, o),
             _ => columns::<1>(state, src, c0, k, q, v, decay, beta, scale, u, o),
         };
