@@ -312,6 +312,121 @@ pub(crate) fn kernel_takes(x: &Inputs<'_>, p: &Problem) -> bool {
     x.cu_seqlens.is_none() && crate::cuda::decode::check_dims(p.dk(), p.dv()).is_ok()
 }
 
+/// A pointer the parallel tasks of [`cpu_decode_in_pool`] share.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: the tasks write disjoint elements through it (see its uses) while the buffer outlives
+// them.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+/// The step's inputs after l2norm and gate, f32.
+struct Activated<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    g: &'a [f32],
+    beta: &'a [f32],
+}
+
+/// The step on the CPU when only the final states are wanted, K-major: each task, one (sequence,
+/// value head, V-tile), reads its state where it lies in the pool and writes the new one to the
+/// row it goes to, one [`crate::cpu::token_step`] per token. Columns of the state are
+/// independent, so tiles of V keep many threads busy without changing any result.
+fn cpu_decode_in_pool(
+    p: &Problem,
+    plan: &Plan,
+    idx: &StateIndices<'_>,
+    pool: &mut [f32],
+    x: Activated<'_>,
+    scale: f32,
+) -> Vec<f32> {
+    let Activated { q, k, v, g, beta } = x;
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
+    let (n, t) = (plan.n, plan.t);
+    let kv = dk * dv;
+    // Tiles of V (multiples of 16 columns) until there are a few tasks per thread.
+    let mut tiles = 1;
+    while n * hv * tiles < 4 * rayon::current_num_threads()
+        && dv % (2 * tiles) == 0
+        && dv / (2 * tiles) >= 16
+        && (dv / (2 * tiles)) % 16 == 0
+    {
+        tiles *= 2;
+    }
+    let tw = dv / tiles;
+    let mut o = vec![0f32; n * t * hv * dv];
+    let (o_ptr, pool_ptr) = (Shared(o.as_mut_ptr()), Shared(pool.as_mut_ptr()));
+    let pool_len = pool.len();
+    (0..n * hv * tiles).into_par_iter().for_each(|task| {
+        let (o_ptr, pool_ptr) = (o_ptr, pool_ptr);
+        let (seq, j, tile) = (task / (hv * tiles), task / tiles % hv, task % tiles);
+        let row = plan.read[seq];
+        if row < 0 {
+            return;
+        }
+        let w = idx.write.map_or(row, |w| w.get(seq));
+        let kh = p.qk_head(j);
+        let c0 = tile * tw;
+        let src_off = (row as usize * hv + j) * kv + c0;
+        let mut scratch = Vec::new();
+        // The task's rows: columns c0..c0 + tw of each of its head's K rows.
+        let rows_at = |at: usize| (0..dk).map(move |r| at + r * dv);
+        // SAFETY: `plan` checked that every row index lies inside the pool, that no row is
+        // written by two sequences and that no row one sequence writes is read by another; so
+        // the columns this task reads and writes (its head's, its tile's) are touched by no other
+        // task, and the slices made here overlap no other task's. `state` is its write row (a
+        // scratch copy when the step writes no state); `src` its read row where that differs.
+        let (mut state, mut src): (Vec<&mut [f32]>, Option<Vec<&[f32]>>) = unsafe {
+            debug_assert!(src_off + dk.saturating_sub(1) * dv + tw <= pool_len);
+            let read: Vec<&[f32]> = rows_at(src_off)
+                .map(|at| std::slice::from_raw_parts(pool_ptr.0.add(at), tw))
+                .collect();
+            if w < 0 {
+                read.iter().for_each(|r| scratch.extend_from_slice(r));
+                (scratch.chunks_exact_mut(tw).collect(), None)
+            } else if w == row {
+                let rows = rows_at(src_off)
+                    .map(|at| std::slice::from_raw_parts_mut(pool_ptr.0.add(at), tw))
+                    .collect();
+                (rows, None)
+            } else {
+                let dst_off = (w as usize * hv + j) * kv + c0;
+                debug_assert!(dst_off + dk.saturating_sub(1) * dv + tw <= pool_len);
+                let rows = rows_at(dst_off)
+                    .map(|at| std::slice::from_raw_parts_mut(pool_ptr.0.add(at), tw))
+                    .collect();
+                (rows, Some(read))
+            }
+        };
+        let (mut u, mut o_row) = (vec![0f32; tw], vec![0f32; tw]);
+        for tok in 0..t {
+            let ti = seq * t + tok;
+            let tj = ti * hv + j;
+            crate::cpu::token_step(
+                &mut state,
+                src.as_deref(),
+                &k[(ti * nh + kh) * dk..][..dk],
+                &q[(ti * nh + kh) * dk..][..dk],
+                &v[tj * dv + c0..][..tw],
+                g[tj].exp(),
+                beta[tj],
+                scale,
+                &mut u,
+                &mut o_row,
+            );
+            // After the first token the state is read where it was written.
+            src = None;
+            // SAFETY: element (token ti, head j, columns c0..c0 + tw) of `o` belongs to this
+            // task alone, and `o` outlives the tasks.
+            unsafe {
+                std::ptr::copy_nonoverlapping(o_row.as_ptr(), o_ptr.0.add(tj * dv + c0), tw);
+            }
+        }
+    });
+    o
+}
+
 /// The step on the CPU in f32: per (sequence, value head) the recurrence token by token, then
 /// the pool writes. Returns o and the dense per-token states.
 fn cpu_decode(
@@ -329,9 +444,11 @@ fn cpu_decode(
     let v_first = opts.state_v_first;
     let mut q = x.q.to_f32().into_owned();
     let mut k = x.k.to_f32().into_owned();
-    if opts.use_qk_l2norm {
-        q = crate::cpu::l2norm(&q, n * t * nh, dk)?;
-        k = crate::cpu::l2norm(&k, n * t * nh, dk)?;
+    if opts.use_qk_l2norm && dk > 0 {
+        // A few rows per step: normalised here, where a parallel pass would cost more in
+        // waking threads than it saves.
+        q.chunks_exact_mut(dk).for_each(crate::cpu::l2norm_row);
+        k.chunks_exact_mut(dk).for_each(crate::cpu::l2norm_row);
     }
     let v = x.v.to_f32();
     let a_log = x.a_log.as_ref().map(|a| a.to_f32().into_owned());
@@ -346,6 +463,17 @@ fn cpu_decode(
     )?;
     let scale = opts.scale_for(dk);
     let keep_all = token_states || idx.per_token.is_some();
+    if !keep_all && !v_first {
+        let x = Activated {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+        };
+        let o = cpu_decode_in_pool(p, plan, idx, pool, x, scale);
+        return Ok((o, None));
+    }
     let pool_ro: &[f32] = pool;
 
     // Per task (n, j): o [T, V], and the K-major state after every token (or only the last).

@@ -110,6 +110,32 @@ fn bitwise_identical_across_runs_and_thread_counts() {
     assert_eq!(one, run_in_pool(8, &spec), "1 thread and 8 threads differ");
 }
 
+/// Few heads and many threads: the forward splits V into tiles, and must still give the same
+/// bits (initial state, tiled head map).
+#[test]
+fn bitwise_identical_when_v_is_split_across_threads() {
+    let spec = common::Spec {
+        b: 1,
+        t: 200,
+        h: 1,
+        ratio: 2,
+        k: 32,
+        v: 64,
+        chunk_size: 32,
+        varlen: false,
+        dtype: deltanet::DType::F32,
+        seed: 11,
+        flags: 0b1010_0001,
+    };
+    let one = run_in_pool(1, &spec);
+    assert_eq!(one, run_in_pool(8, &spec), "1 thread and 8 threads differ");
+    assert_eq!(
+        one,
+        run_in_pool(16, &spec),
+        "1 thread and 16 threads differ"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, rng_seed: RngSeed::Fixed(0x5eed), ..ProptestConfig::default() })]
 

@@ -24,9 +24,11 @@ pub(crate) fn chunk_blocks<'a>(
     blocks
 }
 
-/// The `n x width` rows of one chunk for head `head` of a `[tokens, heads, width]` buffer, as
-/// f32 (`to_f32` converts each element). Generic and inlined so that the conversion is inlined
-/// into the copy loop: this is the fused forward's every read of its inputs.
+/// Columns `cols` of the rows of one chunk for head `head` of a `[tokens, heads, width]` buffer
+/// (`n x cols.len()`), as f32 (`to_f32` converts each element), into `out` (its capacity is kept
+/// from chunk to chunk). Generic and inlined so that the conversion is inlined into the copy
+/// loop: this is the fused forward's every read of its inputs.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn gather_rows_with<T: Copy, F: Fn(T) -> f32>(
     x: &[T],
@@ -35,16 +37,17 @@ pub(crate) fn gather_rows_with<T: Copy, F: Fn(T) -> f32>(
     heads: usize,
     head: usize,
     width: usize,
-) -> Vec<f32> {
-    let mut out = Vec::with_capacity(c.len * width);
+    cols: std::ops::Range<usize>,
+    out: &mut Vec<f32>,
+) {
+    out.clear();
     for t in c.start..c.start + c.len {
         out.extend(
-            x[(t * heads + head) * width..][..width]
+            x[(t * heads + head) * width + cols.start..][..cols.len()]
                 .iter()
                 .map(|&v| to_f32(v)),
         );
     }
-    out
 }
 
 /// The `n x width` rows of one chunk for head `head` of a `[tokens, heads, width]` buffer.
@@ -55,7 +58,9 @@ pub(crate) fn gather_rows(
     head: usize,
     width: usize,
 ) -> Vec<f32> {
-    gather_rows_with(x, |v| v, c, heads, head, width)
+    let mut out = Vec::with_capacity(c.len * width);
+    gather_rows_with(x, |v| v, c, heads, head, width, 0..width, &mut out);
+    out
 }
 
 /// Writes the consecutive rows of one head, `rows` (`len x width`, tokens `first..`), into a
@@ -113,6 +118,24 @@ impl Decays {
         }
     }
 
+    /// The decays between the chunk's tokens, `n x n` row-major: `decay(i, l)` for `l <= i`, zero
+    /// above the diagonal. Computed once per chunk and shared by `A_strict` and `o`, so each
+    /// exponential is taken once.
+    pub(crate) fn pairs(&self, out: &mut [f32]) {
+        let n = self.len();
+        #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+        if super::kernel::have_avx512() {
+            // SAFETY: AVX-512F was just detected; the kernel checks the lengths.
+            unsafe { super::kernel::pairs_avx512(&self.gamma, &self.lo, &self.seg, out) };
+            return;
+        }
+        for (i, row) in out[..n * n].chunks_exact_mut(n).enumerate() {
+            for (l, x) in row.iter_mut().enumerate() {
+                *x = if l <= i { self.decay(i, l) } else { 0.0 };
+            }
+        }
+    }
+
     /// The decay from the state entering the chunk to token i.
     #[inline]
     pub(crate) fn decay0(&self, i: usize) -> f32 {
@@ -126,8 +149,9 @@ impl Decays {
 
 /// `c = alpha op(a) op(b) + beta c` on row-major blocks: `op(a)` is `m x k` (stored `k x m` when
 /// `a_t`), `op(b)` is `k x n` (stored `n x k` when `b_t`), `c` is `m x n`. The small dense
-/// products of a chunk are where the CPU spends its time, so they go to a tuned, single-threaded
-/// (hence deterministic) sgemm; with `beta == 0`, `c` is only written.
+/// products of a chunk are where the CPU spends its time: they go to the AVX-512 kernel where the
+/// CPU has it, else to a tuned sgemm; both are single-threaded, hence deterministic. With
+/// `beta == 0`, `c` is only written.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
     m: usize,
@@ -140,6 +164,42 @@ pub(crate) fn gemm(
     b_t: bool,
     beta: f32,
     c: &mut [f32],
+) {
+    product(m, k, n, alpha, a, a_t, b, b_t, beta, c, Tri::Full);
+}
+
+/// `out[i, l] = x_i . k_l` for `l <= i` (`n x n`): the products of a chunk's tokens that causal
+/// attention and `A_strict` use, from `x` (`n x K`) and `kt` (`k^T`, `K x n`). Entries above the
+/// diagonal are left unspecified.
+pub(crate) fn causal_dots(x: &[f32], kt: &[f32], n: usize, dk: usize, out: &mut [f32]) {
+    product(n, dk, n, 1.0, x, false, kt, false, 0.0, out, Tri::LowerC);
+}
+
+/// What the kernel may assume or skip in a product.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tri {
+    /// Every element of `c`.
+    Full,
+    /// `op(a)` is lower triangular (`m <= k`, zero past the diagonal): its zeros are skipped.
+    LowerA,
+    /// Only `c[i, j]` with `j <= i` is wanted (square `c`); the others may be skipped.
+    LowerC,
+}
+
+/// [`gemm`] with what [`Tri`] allows the kernel to skip.
+#[allow(clippy::too_many_arguments)]
+fn product(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    a_t: bool,
+    b: &[f32],
+    b_t: bool,
+    beta: f32,
+    c: &mut [f32],
+    tri: Tri,
 ) {
     assert!(
         a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
@@ -155,6 +215,51 @@ pub(crate) fn gemm(
         return;
     }
     let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
+    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+    if super::kernel::have_avx512() {
+        let mut run = |b: &[f32]| {
+            let o = super::kernel::Operands {
+                m,
+                k,
+                n,
+                alpha,
+                a: a.as_ptr(),
+                rsa,
+                csa,
+                b: b.as_ptr(),
+                ldb: n,
+                beta,
+                c: c.as_mut_ptr(),
+                ldc: n,
+                lower_a: tri == Tri::LowerA && !a_t && m <= k,
+                lower_c: tri == Tri::LowerC && m == n,
+            };
+            // SAFETY: AVX-512F was detected just above; the assert keeps every element the
+            // strides reach (row-major m x k or its transpose, k x n, m x n) inside `a`, `b`
+            // and `c`, and `c` is a unique borrow, aliasing neither input.
+            unsafe { super::kernel::gemm_avx512(&o) }
+        };
+        if b_t {
+            // The kernel reads rows of `b`: transpose the `n x k` block once, in a buffer each
+            // thread keeps, so no allocation recurs per chunk.
+            PACKED.with(|buf| {
+                let mut bt = buf.borrow_mut();
+                bt.clear();
+                bt.resize(k * n, 0.0);
+                for (j, row) in b[..n * k].chunks_exact(k).enumerate() {
+                    for (p, &x) in row.iter().enumerate() {
+                        bt[p * n + j] = x;
+                    }
+                }
+                run(&bt);
+            });
+        } else {
+            run(b);
+        }
+        return;
+    }
+    // The general sgemm computes every element: nothing for it to skip.
+    let _ = tri;
     let (rsb, csb) = if b_t { (1, k) } else { (n, 1) };
     // SAFETY: the assert above keeps every element the strides reach inside `a`, `b` and `c`
     // (row-major m x k, k x n and m x n, or their transposes), and `c` is a unique borrow, so it
@@ -177,6 +282,93 @@ pub(crate) fn gemm(
             1,
         );
     }
+}
+
+thread_local! {
+    /// Chunk-sized scratch of the block functions (see [`with_scratch`]).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `x` copied into a buffer each thread keeps: the row-scaled copies the block
+/// functions make of a chunk's rows, without an allocation per chunk.
+pub(crate) fn with_scratch<R>(x: &[f32], f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.clear();
+        buf.extend_from_slice(x);
+        f(&mut buf)
+    })
+}
+
+thread_local! {
+    /// A transposed `b` for the AVX-512 kernel.
+    static PACKED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The transpose of the `rows x cols` row-major `x`, written to `out` (`cols x rows`): `k^T`, the
+/// form in which the products with `k^T` read it.
+pub(crate) fn transpose(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+    let x = &x[..rows * cols];
+    let out = &mut out[..rows * cols];
+    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+    if super::kernel::have_avx512() {
+        // SAFETY: AVX-512F was just detected; both slices hold rows x cols elements.
+        unsafe { super::kernel::transpose_avx512(x, rows, cols, out) };
+        return;
+    }
+    for (i, row) in x.chunks_exact(cols).enumerate() {
+        for (p, &v) in row.iter().enumerate() {
+            out[p * rows + i] = v;
+        }
+    }
+}
+
+/// A zeroed buffer of `len` f32 for a large output. Above a few MiB its pages are asked to be
+/// huge ones: such a buffer is first touched by the forward itself, and one fault per 2 MiB
+/// instead of one per 4 KiB is a visible share of the prefill's time.
+pub(crate) fn zeroed_output(len: usize) -> Vec<f32> {
+    let mut v = vec![0f32; len];
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let bytes = len * std::mem::size_of::<f32>();
+        if bytes >= 2 * HUGE {
+            let start = v.as_mut_ptr() as usize;
+            let first = start.next_multiple_of(HUGE);
+            let end = (start + bytes) / HUGE * HUGE;
+            if end > first {
+                // SAFETY: the range lies inside the allocation of `v`; the advice changes how
+                // the kernel backs those pages, never their contents. A refusal is harmless.
+                unsafe {
+                    libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Asks the CPU to start loading the bytes `x[first..first + len]` into its caches: the rows of
+/// the next chunk are fetched while this one is computed. A hint only, with no effect on results.
+#[inline]
+pub(crate) fn prefetch<T>(x: &[T], first: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let end = (first + len).min(x.len());
+        if first >= end {
+            return;
+        }
+        let bytes = (end - first) * std::mem::size_of::<T>();
+        let base = x[first..].as_ptr().cast::<i8>();
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: the address lies inside `x` (`off < bytes`), and a prefetch never faults
+            // nor changes memory.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(base.add(off)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (x, first, len);
 }
 
 /// `sum a[i] b[i]`.
@@ -229,7 +421,7 @@ pub(crate) fn finite_rows(x: &[f32], n: usize) -> usize {
 pub(crate) fn gemm_causal(n: usize, w: usize, l: &[f32], b: &[f32], beta: f32, c: &mut [f32]) {
     let m = finite_rows(&b[..n * w], n);
     if m == n {
-        gemm(n, n, w, 1.0, l, false, b, false, beta, c);
+        product(n, n, w, 1.0, l, false, b, false, beta, c, Tri::LowerA);
         return;
     }
     let mut head = vec![0f32; m * m];

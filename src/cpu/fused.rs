@@ -1,15 +1,17 @@
 //! The CPU forward with every stage fused per (sequence, value head): each task walks its chunks
 //! with the same block functions the stages use, on chunk-sized buffers that stay in cache, and
 //! reads q/k/v where they lie (host tensors in their own dtype, or f32 buffers) one chunk at a
-//! time. Nothing of size T is materialised except `o`, so memory stays near the inputs' size;
-//! results are bitwise those of the staged path.
+//! time, the next chunk's rows prefetched while this one is computed. A task takes the value
+//! heads of one qk head together (they share q, k, `k k^T` and `q k^T`), or a tile of V's
+//! columns when there are more threads than heads. Nothing of size T is materialised except
+//! `o`, so memory stays near the inputs' size; results are bitwise those of the staged path.
 //!
 //! Equals l2norm + gate + cumsum + kkt + solve_tril + wy + chunk_state + chunk_output.
 
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::blocks::{gather_rows_with, scatter_rows};
+use super::blocks::{causal_dots, gather_rows_with, prefetch, transpose, zeroed_output};
 use super::stages::chunk_output::output_block;
 use super::stages::chunk_state::{advance_block, v_new_block};
 use super::stages::cumsum::cumsum_block;
@@ -29,27 +31,91 @@ use crate::problem::{Chunk, Inputs, Problem};
 /// (K-major), and the state entering every chunk with `Options::output_chunk_states`.
 pub type FusedOut = ForwardOut<Vec<f32>>;
 
+/// Columns of a `[tokens, heads, width]` input: `width` and the range read.
+#[derive(Clone, Copy)]
+struct Cols {
+    width: usize,
+    first: usize,
+    len: usize,
+}
+
+impl Cols {
+    /// Every column of rows of `width`.
+    fn all(width: usize) -> Cols {
+        Cols {
+            width,
+            first: 0,
+            len: width,
+        }
+    }
+}
+
 /// A `[tokens, heads, width]` input, read one chunk of one head at a time.
-pub(crate) trait ChunkRows: Sync {
-    /// The `len x width` rows of chunk `c` for head `head`, as f32.
-    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize) -> Vec<f32>;
+trait ChunkRows: Sync {
+    /// Columns `cols` of the rows of chunk `c` for head `head` (`len x cols.len`), as f32, into
+    /// `out`.
+    fn rows(&self, c: &Chunk, heads: usize, head: usize, cols: Cols, out: &mut Vec<f32>);
+    /// Starts fetching what [`ChunkRows::rows`] will read into the caches.
+    fn prefetch(&self, c: &Chunk, heads: usize, head: usize, cols: Cols);
+}
+
+/// Prefetches columns `cols` of the rows of chunk `c` for head `head` of a
+/// `[tokens, heads, width]` buffer.
+fn prefetch_rows<T>(x: &[T], c: &Chunk, heads: usize, head: usize, cols: Cols) {
+    for t in c.start..c.start + c.len {
+        prefetch(x, (t * heads + head) * cols.width + cols.first, cols.len);
+    }
+}
+
+/// [`ChunkRows::rows`] of a buffer of `T`, converted by `to_f32`.
+fn gather<T: Copy, F: Fn(T) -> f32>(
+    x: &[T],
+    to_f32: F,
+    c: &Chunk,
+    heads: usize,
+    head: usize,
+    cols: Cols,
+    out: &mut Vec<f32>,
+) {
+    let range = cols.first..cols.first + cols.len;
+    gather_rows_with(x, to_f32, c, heads, head, cols.width, range, out)
 }
 
 impl ChunkRows for Vec<f32> {
-    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize) -> Vec<f32> {
-        gather_rows_with(self, |v| v, c, heads, head, width)
+    fn rows(&self, c: &Chunk, heads: usize, head: usize, cols: Cols, out: &mut Vec<f32>) {
+        gather(self, |v| v, c, heads, head, cols, out)
+    }
+    fn prefetch(&self, c: &Chunk, heads: usize, head: usize, cols: Cols) {
+        prefetch_rows(self, c, heads, head, cols);
     }
 }
 
 impl ChunkRows for Tensor<'_> {
-    fn rows(&self, c: &Chunk, heads: usize, head: usize, width: usize) -> Vec<f32> {
+    fn rows(&self, c: &Chunk, heads: usize, head: usize, cols: Cols, out: &mut Vec<f32>) {
         match self.data() {
-            Data::F32(d) => gather_rows_with(d, |v| v, c, heads, head, width),
-            Data::BF16(d) => gather_rows_with(d, bf16::to_f32, c, heads, head, width),
-            Data::F16(d) => gather_rows_with(d, f16::to_f32, c, heads, head, width),
+            Data::F32(d) => gather(d, |v| v, c, heads, head, cols, out),
+            Data::BF16(d) => gather(d, bf16::to_f32, c, heads, head, cols, out),
+            Data::F16(d) => gather(d, f16::to_f32, c, heads, head, cols, out),
+        }
+    }
+    fn prefetch(&self, c: &Chunk, heads: usize, head: usize, cols: Cols) {
+        match self.data() {
+            Data::F32(d) => prefetch_rows(d, c, heads, head, cols),
+            Data::BF16(d) => prefetch_rows(d, c, heads, head, cols),
+            Data::F16(d) => prefetch_rows(d, c, heads, head, cols),
         }
     }
 }
+
+/// What a task leaves for one of its value heads: `n * HV + j`, its first column, and its final
+/// state and chunk states (`K x` its columns).
+type TaskState = (usize, usize, Vec<f32>, Vec<f32>);
+
+/// The output `o` shared by the tasks, each writing only its own (token, head) rows.
+struct SharedOut(*mut f32);
+// SAFETY: tasks write disjoint elements through the pointer (see its one use) while the buffer
+// outlives them.
+unsafe impl Sync for SharedOut {}
 
 /// The fused forward's inputs where they lie; the initial state K-major (`[N, HV, K, V]`).
 struct Sources<'a, R> {
@@ -132,78 +198,293 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
         check_len("initial_state", h0.len(), p.num_seqs() * hv * kv)?;
     }
 
-    let tasks: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..p.num_seqs() * hv)
-        .into_par_iter()
-        .map(|task| {
-            let (n, j) = (task / hv, task % hv);
-            let kh = p.qk_head(j);
-            let mut state =
-                x.h0.map_or_else(|| vec![0f32; kv], |h0| h0[task * kv..][..kv].to_vec());
-            let (s0, s1) = p.seqs()[n];
+    // One task per (sequence, qk head, share of its value heads, tile of V): the value heads of
+    // one qk head share q, k and the products of the chunk's tokens, so they go together, and
+    // V stays whole, unless the threads need more tasks. The columns of V are independent
+    // (only `A_strict`, `A_inv` and `w` span them, and each tile recomputes those), and each
+    // value head's arithmetic is the same however heads and columns are split, so results do
+    // not depend on the thread count.
+    let threads = rayon::current_num_threads();
+    let per_qk = hv / nh;
+    let group_of: Vec<Vec<usize>> = (0..nh)
+        .map(|kh| (0..hv).filter(|&j| p.qk_head(j) == kh).collect())
+        .collect();
+    let mut shares = 1;
+    while shares < per_qk && p.num_seqs() * nh * shares < 2 * threads {
+        shares += 1;
+        while per_qk % shares != 0 {
+            shares += 1;
+        }
+    }
+    // Tiles of whole zmm registers: halved while each half keeps 16 columns or more.
+    let mut tiles = 1;
+    while p.num_seqs() * nh * shares * tiles < 2 * threads
+        && dv % (2 * tiles) == 0
+        && dv / (2 * tiles) >= 16
+        && (dv / (2 * tiles)) % 16 == 0
+    {
+        tiles *= 2;
+    }
+    let (per_task, tw) = ((per_qk / shares).max(1), dv / tiles);
+    let tasks: Vec<(usize, &[usize], usize)> = (0..p.num_seqs())
+        .flat_map(|n| {
+            group_of.iter().flat_map(move |g| {
+                g.chunks(per_task)
+                    .flat_map(move |js| (0..tiles).map(move |tile| (n, js, tile * tw)))
+            })
+        })
+        .collect();
+    // Columns c0..c0 + tw of the K rows of a state `[.., K, V]` at `at`.
+    let state_rows =
+        move |at: usize, c0: usize| (0..dk).map(move |r| at + r * dv + c0..at + r * dv + c0 + tw);
+
+    let mut o = zeroed_output(p.tokens() * hv * dv);
+    let out = SharedOut(o.as_mut_ptr());
+    let bt = p.chunk_size();
+    let results: Vec<Vec<TaskState>> = tasks
+        .par_iter()
+        .map(|&(n, js, c0)| {
+            let out = &out;
+            let kh = p.qk_head(js[0]);
+            let v_cols = Cols {
+                width: dv,
+                first: c0,
+                len: tw,
+            };
+            let mut states: Vec<Vec<f32>> = js
+                .iter()
+                .map(|&j| match x.h0 {
+                    Some(h0) => state_rows((n * hv + j) * kv, c0)
+                        .flat_map(|r| h0[r].iter().copied())
+                        .collect(),
+                    None => vec![0f32; dk * tw],
+                })
+                .collect();
             let chunks = &p.chunks()[p.seq_chunks(n)];
-            let mut o = vec![0f32; (s1 - s0) * dv];
-            let mut hs = Vec::with_capacity(if opts.output_chunk_states {
-                chunks.len() * kv
-            } else {
-                0
-            });
-            for c in chunks {
+            let mut hs: Vec<Vec<f32>> = js
+                .iter()
+                .map(|_| {
+                    Vec::with_capacity(if opts.output_chunk_states {
+                        chunks.len() * dk * tw
+                    } else {
+                        0
+                    })
+                })
+                .collect();
+            // Chunk-sized work buffers, allocated once per task.
+            let [mut q, mut k, mut v, mut g, mut beta] =
+                std::array::from_fn(|_| Vec::with_capacity(bt * dk.max(tw)));
+            let [mut kt, mut w] = std::array::from_fn(|_| vec![0f32; bt * dk]);
+            let [mut u, mut v_new, mut o_c] = std::array::from_fn(|_| vec![0f32; bt * tw]);
+            let [mut kk, mut qk, mut a, mut a_inv, mut pairs, mut scratch] =
+                std::array::from_fn(|_| vec![0f32; bt * bt]);
+            // The next chunk's rows are prefetched in `steps` parts spread over this chunk's
+            // work, so that the loads overlap the products instead of stalling in one burst.
+            let steps = 4 * js.len();
+            let prefetch_part = |next: &Chunk, step: usize| {
+                let (t0, t1) = (next.len * step / steps, next.len * (step + 1) / steps);
+                let part = Chunk {
+                    start: next.start + t0,
+                    len: t1 - t0,
+                    ..*next
+                };
+                x.q.prefetch(&part, nh, kh, Cols::all(dk));
+                x.k.prefetch(&part, nh, kh, Cols::all(dk));
+                for &j in js {
+                    x.v.prefetch(&part, hv, j, v_cols);
+                    x.g.prefetch(&part, hv, j, Cols::all(1));
+                    x.beta.prefetch(&part, hv, j, Cols::all(1));
+                }
+            };
+            for (ci, c) in chunks.iter().enumerate() {
+                let next = chunks.get(ci + 1);
+                let mut step = 0;
+                let mut prefetch_step = || {
+                    if let Some(next) = next {
+                        prefetch_part(next, step);
+                        step += 1;
+                    }
+                };
                 let len = c.len;
-                let (mut q, mut k, v) = (
-                    x.q.rows(c, nh, kh, dk),
-                    x.k.rows(c, nh, kh, dk),
-                    x.v.rows(c, hv, j, dv),
-                );
+                x.q.rows(c, nh, kh, Cols::all(dk), &mut q);
+                x.k.rows(c, nh, kh, Cols::all(dk), &mut k);
                 if opts.use_qk_l2norm {
                     q.chunks_exact_mut(dk).for_each(l2norm_row);
                     k.chunks_exact_mut(dk).for_each(l2norm_row);
                 }
-                let g: Vec<f32> =
-                    x.g.rows(c, hv, j, 1)
-                        .into_iter()
-                        .map(|g| act.g(g, j))
-                        .collect();
-                let beta: Vec<f32> = x
-                    .beta
-                    .rows(c, hv, j, 1)
-                    .into_iter()
-                    .map(|b| act.beta(b))
-                    .collect();
-                let d = cumsum_block(&g);
-                let (mut a, mut a_inv) = (vec![0f32; len * len], vec![0f32; len * len]);
-                kkt_block(&k, dk, &beta, &d, &mut a);
-                solve_tril_block(&a, len, &mut a_inv);
-                let (mut w, mut u) = (vec![0f32; len * dk], vec![0f32; len * dv]);
-                wy_block(&a_inv, &k, &v, &beta, &d, &mut w, &mut u);
-                if opts.output_chunk_states {
-                    hs.extend_from_slice(&state);
+                let (kt, kk, qk) = (
+                    &mut kt[..len * dk],
+                    &mut kk[..len * len],
+                    &mut qk[..len * len],
+                );
+                transpose(&k, len, dk, kt);
+                causal_dots(&k, kt, len, dk, kk);
+                causal_dots(&q, kt, len, dk, qk);
+                for (jj, &j) in js.iter().enumerate() {
+                    let state = &mut states[jj];
+                    x.v.rows(c, hv, j, v_cols, &mut v);
+                    x.g.rows(c, hv, j, Cols::all(1), &mut g);
+                    x.beta.rows(c, hv, j, Cols::all(1), &mut beta);
+                    g.iter_mut().for_each(|g| *g = act.g(*g, j));
+                    beta.iter_mut().for_each(|b| *b = act.beta(*b));
+                    let d = cumsum_block(&g);
+                    let (a, a_inv, pairs, scratch) = (
+                        &mut a[..len * len],
+                        &mut a_inv[..len * len],
+                        &mut pairs[..len * len],
+                        &mut scratch[..len * len],
+                    );
+                    let (w, u, v_new, o_c) = (
+                        &mut w[..len * dk],
+                        &mut u[..len * tw],
+                        &mut v_new[..len * tw],
+                        &mut o_c[..len * tw],
+                    );
+                    prefetch_step();
+                    d.pairs(pairs);
+                    kkt_block(kk, &beta, pairs, a);
+                    solve_tril_block(a, len, a_inv);
+                    wy_block(a_inv, &k, &v, &beta, &d, w, u);
+                    prefetch_step();
+                    if opts.output_chunk_states {
+                        hs[jj].extend_from_slice(state);
+                    }
+                    v_new_block(w, u, state, dk, tw, v_new);
+                    prefetch_step();
+                    output_block(&q, qk, v_new, state, &d, pairs, scale, scratch, o_c);
+                    for (i, row) in o_c.chunks_exact(tw).enumerate() {
+                        // SAFETY: `o` holds `tokens x hv x dv` elements and outlives the tasks;
+                        // these columns of this row (token `c.start + i`, head `j`) belong to
+                        // this task alone: tasks are disjoint sets of (sequence, value head,
+                        // columns), and a sequence's chunks hold its tokens only.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                row.as_ptr(),
+                                out.0.add(((c.start + i) * hv + j) * dv + c0),
+                                tw,
+                            );
+                        }
+                    }
+                    prefetch_step();
+                    advance_block(&k, v_new, &d, dk, tw, state);
                 }
-                let mut v_new = vec![0f32; len * dv];
-                v_new_block(&w, &u, &state, dk, dv, &mut v_new);
-                let o_c = &mut o[(c.start - s0) * dv..][..len * dv];
-                output_block(&q, &k, &v_new, &state, &d, scale, o_c);
-                advance_block(&k, &v_new, &d, dk, dv, &mut state);
             }
-            (o, state, hs)
+            js.iter()
+                .zip(states)
+                .zip(hs)
+                .map(|((&j, s), h)| (n * hv + j, c0, s, h))
+                .collect()
         })
         .collect();
 
-    let mut o = vec![0f32; p.tokens() * hv * dv];
     let mut final_state = vec![0f32; p.num_seqs() * hv * kv];
     let mut h = opts
         .output_chunk_states
         .then(|| vec![0f32; p.chunks().len() * hv * kv]);
-    for (task, (ot, fin, hs)) in tasks.into_iter().enumerate() {
-        let (n, j) = (task / hv, task % hv);
-        let s0 = p.seqs()[n].0;
-        scatter_rows(&mut o, &ot, s0, hv, j, dv);
-        final_state[task * kv..][..kv].copy_from_slice(&fin);
+    for (nj, c0, fin, hs) in results.into_iter().flatten() {
+        let (n, j) = (nj / hv, nj % hv);
+        for (r, row) in state_rows(nj * kv, c0).zip(fin.chunks_exact(tw)) {
+            final_state[r].copy_from_slice(row);
+        }
         if let Some(h) = &mut h {
             let first = p.seq_chunks(n).start;
-            for (ci, hc) in hs.chunks_exact(kv).enumerate() {
-                h[((first + ci) * hv + j) * kv..][..kv].copy_from_slice(hc);
+            for (ci, hc) in hs.chunks_exact(dk * tw).enumerate() {
+                let at = ((first + ci) * hv + j) * kv;
+                for (r, row) in state_rows(at, c0).zip(hc.chunks_exact(tw)) {
+                    h[r].copy_from_slice(row);
+                }
             }
         }
     }
     Ok(ForwardOut { o, h, final_state })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Times each block of one chunk on its own at the usual shape (chunk 64, K = V = 128):
+    /// `cargo test --release --lib block_times -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "timing; run by hand"]
+    fn block_times() {
+        let (n, dk, dv, reps) = (64usize, 128usize, 128usize, 2000u32);
+        let vals = |len: usize, seed: u32| -> Vec<f32> {
+            let mut s = seed.wrapping_mul(2654435761) | 1;
+            (0..len)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 17;
+                    s ^= s << 5;
+                    (s as f32 / u32::MAX as f32) - 0.5
+                })
+                .collect()
+        };
+        let (mut q, mut k, v) = (vals(n * dk, 1), vals(n * dk, 2), vals(n * dv, 3));
+        q.chunks_exact_mut(dk).for_each(l2norm_row);
+        k.chunks_exact_mut(dk).for_each(l2norm_row);
+        let g: Vec<f32> = vals(n, 4).iter().map(|x| -0.05 - 0.1 * x.abs()).collect();
+        let beta: Vec<f32> = vals(n, 5).iter().map(|x| 0.5 + x).collect();
+        let state = vals(dk * dv, 6);
+        let d = cumsum_block(&g);
+        let (mut pairs, mut kt, mut a, mut a_inv) = (
+            vec![0f32; n * n],
+            vec![0f32; n * dk],
+            vec![0f32; n * n],
+            vec![0f32; n * n],
+        );
+        let (mut kk, mut qk, mut scratch) =
+            (vec![0f32; n * n], vec![0f32; n * n], vec![0f32; n * n]);
+        let (mut w, mut u, mut v_new, mut o) = (
+            vec![0f32; n * dk],
+            vec![0f32; n * dv],
+            vec![0f32; n * dv],
+            vec![0f32; n * dv],
+        );
+        let mut h = state.clone();
+        let time = |name: &str, flops: f64, f: &mut dyn FnMut()| {
+            f();
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                f();
+            }
+            let us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
+            println!("{name:<12} {us:8.2} us  {:6.1} GFLOP/s", flops / us / 1e3);
+        };
+        let (nf, kf, vf) = (n as f64, dk as f64, dv as f64);
+        time("pairs", nf * nf / 2.0, &mut || d.pairs(&mut pairs));
+        time("transpose", 0.0, &mut || transpose(&k, n, dk, &mut kt));
+        time("k k^T", 2.0 * nf * nf * kf, &mut || {
+            causal_dots(&k, &kt, n, dk, &mut kk)
+        });
+        time("q k^T", 2.0 * nf * nf * kf, &mut || {
+            causal_dots(&q, &kt, n, dk, &mut qk)
+        });
+        time("kkt", 0.0, &mut || kkt_block(&kk, &beta, &pairs, &mut a));
+        time("solve_tril", nf * nf * nf / 3.0, &mut || {
+            solve_tril_block(&a, n, &mut a_inv)
+        });
+        time("wy", nf * nf * (kf + vf), &mut || {
+            wy_block(&a_inv, &k, &v, &beta, &d, &mut w, &mut u)
+        });
+        time("v_new", 2.0 * nf * kf * vf, &mut || {
+            v_new_block(&w, &u, &state, dk, dv, &mut v_new)
+        });
+        time("output", 2.0 * nf * kf * vf + nf * nf * vf, &mut || {
+            output_block(
+                &q,
+                &qk,
+                &v_new,
+                &state,
+                &d,
+                &pairs,
+                1.0,
+                &mut scratch,
+                &mut o,
+            )
+        });
+        time("advance", 2.0 * nf * kf * vf, &mut || {
+            advance_block(&k, &v_new, &d, dk, dv, &mut h)
+        });
+    }
 }

@@ -8,10 +8,16 @@
 
 mod blocks;
 mod fused;
+// Compiled only where the AVX-512 intrinsics are stable (see build.rs), whatever the crate's
+// rust-version.
+#[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+#[clippy::msrv = "1.89"]
+pub(crate) mod kernel;
 mod stages;
 
 pub(crate) use blocks::{
-    axpy, chunk_blocks, dot, gather_rows, gather_scalars, gemm, gemm_causal, scatter_rows, Decays,
+    axpy, causal_dots, chunk_blocks, dot, gather_rows, gather_scalars, gemm, gemm_causal,
+    scatter_rows, transpose, with_scratch, Decays,
 };
 pub use fused::{fused_forward, FusedOut};
 pub use stages::chunk_output::chunk_output;
@@ -20,7 +26,9 @@ pub use stages::cumsum::chunk_local_cumsum;
 pub use stages::gate::gate;
 pub use stages::kkt::chunk_scaled_dot_kkt;
 pub use stages::l2norm::l2norm;
+pub(crate) use stages::l2norm::l2norm_row;
 pub use stages::recurrent::recurrent;
+pub(crate) use stages::recurrent::token_step;
 pub use stages::solve_tril::solve_tril;
 pub use stages::wy::recompute_w_u;
 

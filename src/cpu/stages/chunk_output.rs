@@ -1,20 +1,23 @@
 use rayon::prelude::*;
 
 use crate::backend::Gamma;
-use crate::cpu::{chunk_blocks, gather_rows, gemm, gemm_causal, Decays};
+use crate::cpu::{causal_dots, chunk_blocks, gather_rows, gemm, gemm_causal, transpose, Decays};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
 
-/// `o` (`n x V`) of one chunk of one head: `q`, `k` are `n x K`, `v_new` `n x V`, `state` the
-/// `K x V` state entering the chunk.
+/// `o` (`n x V`) of one chunk of one head: `q` is `n x K`, `qk` the chunk's [`causal_dots`] of
+/// `q` with `k` (shared by the value heads of one qk head), `v_new` `n x V`, `state` the `K x V`
+/// state entering the chunk, `pairs` the chunk's [`Decays::pairs`]; `p` is `n x n` scratch.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn output_block(
     q: &[f32],
-    k: &[f32],
+    qk: &[f32],
     v_new: &[f32],
     state: &[f32],
     d: &Decays,
+    pairs: &[f32],
     scale: f32,
+    p: &mut [f32],
     o: &mut [f32],
 ) {
     let n = d.len();
@@ -29,15 +32,18 @@ pub(crate) fn output_block(
         o[i * dv..][..dv].iter_mut().for_each(|x| *x *= d0);
     }
     // Within the chunk: causal(q k^T e^(gamma_i - gamma_l)) v_new, diagonal included.
-    let mut p = vec![0f32; n * n];
-    gemm(n, dk, n, 1.0, q, false, k, true, 0.0, &mut p);
-    for i in 0..n {
-        for l in 0..n {
-            let x = &mut p[i * n + l];
-            *x = if l <= i { *x * d.decay(i, l) } else { 0.0 };
+    for (i, ((row, dots), decays)) in p[..n * n]
+        .chunks_exact_mut(n)
+        .zip(qk.chunks_exact(n))
+        .zip(pairs.chunks_exact(n))
+        .enumerate()
+    {
+        for ((x, &dot), &decay) in row[..=i].iter_mut().zip(dots).zip(decays) {
+            *x = dot * decay;
         }
+        row[i + 1..].fill(0.0);
     }
-    gemm_causal(n, dv, &p, v_new, 1.0, o);
+    gemm_causal(n, dv, &p[..n * n], v_new, 1.0, o);
     o[..n * dv].iter_mut().for_each(|x| *x *= scale);
 }
 
@@ -66,16 +72,30 @@ pub fn chunk_output(
         .into_par_iter()
         .enumerate()
         .for_each(|(ci, (c, o))| {
-            let mut oc = vec![0f32; c.len * dv];
+            let n = c.len;
+            let (mut oc, mut pairs, mut kt, mut qk, mut scratch) = (
+                vec![0f32; n * dv],
+                vec![0f32; n * n],
+                vec![0f32; n * dk],
+                vec![0f32; n * n],
+                vec![0f32; n * n],
+            );
             for j in 0..hv {
                 let kh = p.qk_head(j);
+                let d = Decays::gather(gamma, &c, hv, j);
+                d.pairs(&mut pairs);
+                let qc = gather_rows(q, &c, nh, kh, dk);
+                transpose(&gather_rows(k, &c, nh, kh, dk), n, dk, &mut kt);
+                causal_dots(&qc, &kt, n, dk, &mut qk);
                 output_block(
-                    &gather_rows(q, &c, nh, kh, dk),
-                    &gather_rows(k, &c, nh, kh, dk),
+                    &qc,
+                    &qk,
                     &gather_rows(v_new, &c, hv, j, dv),
                     &h[(ci * hv + j) * kv..][..kv],
-                    &Decays::gather(gamma, &c, hv, j),
+                    &d,
+                    &pairs,
                     scale,
+                    &mut scratch,
                     &mut oc,
                 );
                 for i in 0..c.len {

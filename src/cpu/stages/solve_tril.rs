@@ -9,6 +9,12 @@ use crate::problem::Problem;
 /// Forward substitution row by row: `A_inv[i] = e_i - sum_{l<i} A[i, l] A_inv[l]`, where row l
 /// of the inverse is nonzero only in columns `0..=l`, so each step touches a triangle.
 pub(crate) fn solve_tril_block(a: &[f32], n: usize, a_inv: &mut [f32]) {
+    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+    if n <= 64 && crate::cpu::kernel::have_avx512() {
+        // SAFETY: AVX-512F was just detected and n <= 64; the kernel checks the lengths.
+        unsafe { crate::cpu::kernel::solve_tril_avx512(a, n, a_inv) };
+        return;
+    }
     a_inv.fill(0.0);
     for i in 0..n {
         let (done, row) = a_inv.split_at_mut(i * n);

@@ -1,7 +1,7 @@
 use rayon::prelude::*;
 
 use crate::backend::{Gamma, Wy};
-use crate::cpu::{chunk_blocks, gather_rows, gather_scalars, gemm_causal, Decays};
+use crate::cpu::{chunk_blocks, gather_rows, gather_scalars, gemm_causal, with_scratch, Decays};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
 
@@ -22,15 +22,19 @@ pub(crate) fn wy_block(
         return;
     }
     let (dk, dv) = (k.len() / n, v.len() / n);
-    let mut kb = k.to_vec();
-    let mut vb = v.to_vec();
-    for l in 0..n {
-        let coef = beta[l] * d.decay0(l);
-        kb[l * dk..][..dk].iter_mut().for_each(|x| *x *= coef);
-        vb[l * dv..][..dv].iter_mut().for_each(|x| *x *= beta[l]);
-    }
-    gemm_causal(n, dk, a_inv, &kb, 0.0, w);
-    gemm_causal(n, dv, a_inv, &vb, 0.0, u);
+    with_scratch(k, |kb| {
+        for (l, row) in kb.chunks_exact_mut(dk).enumerate() {
+            let coef = beta[l] * d.decay0(l);
+            row.iter_mut().for_each(|x| *x *= coef);
+        }
+        gemm_causal(n, dk, a_inv, kb, 0.0, w);
+    });
+    with_scratch(v, |vb| {
+        for (row, &b) in vb.chunks_exact_mut(dv).zip(beta) {
+            row.iter_mut().for_each(|x| *x *= b);
+        }
+        gemm_causal(n, dv, a_inv, vb, 0.0, u);
+    });
 }
 
 /// `w = A_inv (beta e^gamma k)` and `u = A_inv (beta v)`, chunk by chunk.
