@@ -403,18 +403,18 @@ fn cpu_decode_in_pool(
         for tok in 0..t {
             let ti = seq * t + tok;
             let tj = ti * hv + j;
-            crate::cpu::token_step(
-                &mut state,
-                src.as_deref(),
-                &k[(ti * nh + kh) * dk..][..dk],
-                &q[(ti * nh + kh) * dk..][..dk],
-                &v[tj * dv + c0..][..tw],
-                g[tj].exp(),
-                beta[tj],
+            crate::cpu::token_step(&mut crate::cpu::Token {
+                state: &mut state,
+                src: src.as_deref(),
+                k: &k[(ti * nh + kh) * dk..][..dk],
+                q: &q[(ti * nh + kh) * dk..][..dk],
+                v: &v[tj * dv + c0..][..tw],
+                decay: g[tj].exp(),
+                beta: beta[tj],
                 scale,
-                &mut u,
-                &mut o_row,
-            );
+                u: &mut u,
+                o: &mut o_row,
+            });
             // After the first token the state is read where it was written.
             src = None;
             // SAFETY: element (token ti, head j, columns c0..c0 + tw) of `o` belongs to this

@@ -128,14 +128,13 @@ fn expect_shape(arg: &'static str, t: &Tensor<'_>, want: &[usize], names: &str) 
 impl From<[usize; 6]> for Dims {
     /// `[B, T, H, HV, K, V]`, the order of the command line's `--shape`.
     fn from(d: [usize; 6]) -> Dims {
-        let [batch, seq_len, heads, v_heads, dk, dv] = d;
         Dims {
-            batch,
-            seq_len,
-            heads,
-            v_heads,
-            dk,
-            dv,
+            batch: d[0],
+            seq_len: d[1],
+            heads: d[2],
+            v_heads: d[3],
+            dk: d[4],
+            dv: d[5],
         }
     }
 }
@@ -440,5 +439,12 @@ impl Problem {
     /// Checks that a flat f32 buffer given to a stage has the length its layout implies.
     pub(crate) fn check(&self, arg: &'static str, got: usize, per_token_head: usize) -> Result<()> {
         check_len(arg, got, self.tokens() * self.dims.v_heads * per_token_head)
+    }
+
+    /// Checks that q and k hold `[tokens, H, K]` values each.
+    pub(crate) fn check_qk(&self, q: &[f32], k: &[f32]) -> Result<()> {
+        let n = self.tokens() * self.dims.heads * self.dims.dk;
+        check_len("q", q.len(), n)?;
+        check_len("k", k.len(), n)
     }
 }

@@ -24,6 +24,19 @@ struct Shape {
     pool: usize,
 }
 
+/// A [`Shape`]: N sequences of T tokens, H and HV heads, K, V, pool rows.
+const fn sh(n: usize, t: usize, h: usize, hv: usize, dk: usize, dv: usize, pool: usize) -> Shape {
+    Shape {
+        n,
+        t,
+        h,
+        hv,
+        dk,
+        dv,
+        pool,
+    }
+}
+
 fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
@@ -99,16 +112,26 @@ fn one_sequence(x: &Inputs<'static>, s: Shape, n: usize, len: usize) -> Inputs<'
         shape[1] = len;
         Tensor::from_f32(all[from..from + len * per_token].to_vec(), shape).unwrap()
     };
-    let mut one = Inputs::new(
-        cut(&x.q, s.h * s.dk),
-        cut(&x.k, s.h * s.dk),
-        cut(&x.v, s.hv * s.dv),
-        cut(&x.g, s.hv),
-        cut(&x.beta, s.hv),
+    map_tokens(x, s, cut)
+}
+
+/// `x` with each of its five token tensors through `f(tensor, values per token)`, and its gate
+/// parameters.
+fn map_tokens(
+    x: &Inputs<'static>,
+    s: Shape,
+    f: impl Fn(&Tensor<'static>, usize) -> Tensor<'static>,
+) -> Inputs<'static> {
+    let mut y = Inputs::new(
+        f(&x.q, s.h * s.dk),
+        f(&x.k, s.h * s.dk),
+        f(&x.v, s.hv * s.dv),
+        f(&x.g, s.hv),
+        f(&x.beta, s.hv),
     );
-    one.a_log = x.a_log.clone();
-    one.dt_bias = x.dt_bias.clone();
-    one
+    y.a_log = x.a_log.clone();
+    y.dt_bias = x.dt_bias.clone();
+    y
 }
 
 /// What the oracle says a step does: o, the pool after it, and the state after every token,
@@ -348,33 +371,9 @@ fn pool_cases(device: &Device, shapes: &[Shape], seed: u64) {
 }
 
 const CPU_SHAPES: [Shape; 3] = [
-    Shape {
-        n: 3,
-        t: 1,
-        h: 1,
-        hv: 2,
-        dk: 5,
-        dv: 3,
-        pool: 16,
-    },
-    Shape {
-        n: 4,
-        t: 3,
-        h: 2,
-        hv: 4,
-        dk: 8,
-        dv: 6,
-        pool: 40,
-    },
-    Shape {
-        n: 2,
-        t: 8,
-        h: 1,
-        hv: 2,
-        dk: 16,
-        dv: 8,
-        pool: 40,
-    },
+    sh(3, 1, 1, 2, 5, 3, 16),
+    sh(4, 3, 2, 4, 8, 6, 40),
+    sh(2, 8, 1, 2, 16, 8, 40),
 ];
 
 #[test]
@@ -409,15 +408,7 @@ fn multi_token_equals_single_steps(device: &Device, s: Shape, exact: bool) {
                 shape[1] = 1;
                 Tensor::from_f32(v, shape).unwrap()
             };
-            let mut xt = Inputs::new(
-                pick(&x.q, s.h * s.dk),
-                pick(&x.k, s.h * s.dk),
-                pick(&x.v, s.hv * s.dv),
-                pick(&x.g, s.hv),
-                pick(&x.beta, s.hv),
-            );
-            xt.a_log = x.a_log.clone();
-            xt.dt_bias = x.dt_bias.clone();
+            let xt = map_tokens(&x, s, pick);
             let single = decode_step(device, &xt, &mut pool_single, &idx, true, &opts).unwrap();
             let o1 = single.o.to_f32();
             let ts1 = single.token_states.unwrap();
@@ -450,19 +441,7 @@ fn multi_token_equals_single_steps(device: &Device, s: Shape, exact: bool) {
 
 #[test]
 fn cpu_multi_token_step_equals_single_steps_bitwise() {
-    multi_token_equals_single_steps(
-        &Device::Cpu,
-        Shape {
-            n: 3,
-            t: 5,
-            h: 2,
-            hv: 4,
-            dk: 8,
-            dv: 4,
-            pool: 7,
-        },
-        true,
-    );
+    multi_token_equals_single_steps(&Device::Cpu, sh(3, 5, 2, 4, 8, 4, 7), true);
 }
 
 fn small_inputs(n: usize, t: usize) -> (Inputs<'static>, Shape) {
@@ -497,67 +476,33 @@ fn bad_indices_and_shapes_are_refused_and_leave_the_pool() {
         decode_step(&Device::Cpu, &x, pool, &idx, false, &opts)
     };
     let i32s = |v: &'static [i32]| Some(Indices::I32(v));
-    let refused = [
+    // (read, write, per-token rows; an empty list is none) and the argument named.
+    let refused: [(&'static [i32], &'static [i32], &'static [i32], &str); 7] = [
         // Two sequences updating one row in place.
-        (
-            StateIndices {
-                read: i32s(&[0, 4, 0]),
-                ..Default::default()
-            },
-            "state_indices",
-        ),
+        (&[0, 4, 0], &[], &[], "state_indices"),
         // Two sequences writing one row.
-        (
-            StateIndices {
-                read: i32s(&[0, 1, 2]),
-                write: i32s(&[3, 3, 5]),
-                ..Default::default()
-            },
-            "out_state_indices",
-        ),
+        (&[0, 1, 2], &[3, 3, 5], &[], "out_state_indices"),
         // A row written by one sequence and read by another.
-        (
-            StateIndices {
-                read: i32s(&[0, 1, 2]),
-                write: i32s(&[1, 3, 4]),
-                ..Default::default()
-            },
-            "state_indices",
-        ),
+        (&[0, 1, 2], &[1, 3, 4], &[], "state_indices"),
         // Per-token rows colliding with another sequence's final row.
         (
-            StateIndices {
-                read: i32s(&[0, 1, 2]),
-                per_token: i32s(&[-1, 5, -1, -1, -1, 5]),
-                ..Default::default()
-            },
+            &[0, 1, 2],
+            &[],
+            &[-1, 5, -1, -1, -1, 5],
             "token_state_indices",
         ),
         // Past the pool, wrong lengths.
-        (
-            StateIndices {
-                read: i32s(&[0, 6, 1]),
-                ..Default::default()
-            },
-            "state_indices",
-        ),
-        (
-            StateIndices {
-                read: i32s(&[0, 1]),
-                ..Default::default()
-            },
-            "state_indices",
-        ),
-        (
-            StateIndices {
-                read: i32s(&[0, 1, 2]),
-                per_token: i32s(&[3, 4, 5]),
-                ..Default::default()
-            },
-            "token_state_indices",
-        ),
+        (&[0, 6, 1], &[], &[], "state_indices"),
+        (&[0, 1], &[], &[], "state_indices"),
+        (&[0, 1, 2], &[], &[3, 4, 5], "token_state_indices"),
     ];
-    for (idx, arg) in refused {
+    let some = |rows: &'static [i32]| (!rows.is_empty()).then_some(Indices::I32(rows));
+    for (read, write, per_token, arg) in refused {
+        let idx = StateIndices {
+            read: some(read),
+            write: some(write),
+            per_token: some(per_token),
+        };
         expect_err(run(&mut pool, idx), arg);
     }
     assert_eq!(pool, pool0, "a refused step must leave the pool untouched");
@@ -696,51 +641,11 @@ fn gpu() -> Option<Device> {
 }
 
 const GPU_SHAPES: [Shape; 5] = [
-    Shape {
-        n: 3,
-        t: 1,
-        h: 2,
-        hv: 4,
-        dk: 128,
-        dv: 128,
-        pool: 16,
-    },
-    Shape {
-        n: 4,
-        t: 3,
-        h: 1,
-        hv: 2,
-        dk: 64,
-        dv: 36,
-        pool: 40,
-    },
-    Shape {
-        n: 2,
-        t: 8,
-        h: 1,
-        hv: 2,
-        dk: 16,
-        dv: 132,
-        pool: 40,
-    },
-    Shape {
-        n: 3,
-        t: 2,
-        h: 1,
-        hv: 1,
-        dk: 256,
-        dv: 12,
-        pool: 20,
-    },
-    Shape {
-        n: 5,
-        t: 1,
-        h: 1,
-        hv: 3,
-        dk: 32,
-        dv: 200,
-        pool: 16,
-    },
+    sh(3, 1, 2, 4, 128, 128, 16),
+    sh(4, 3, 1, 2, 64, 36, 40),
+    sh(2, 8, 1, 2, 16, 132, 40),
+    sh(3, 2, 1, 1, 256, 12, 20),
+    sh(5, 1, 1, 3, 32, 200, 16),
 ];
 
 #[test]
@@ -760,24 +665,8 @@ fn gpu_large_launches_match_the_oracle() {
         return;
     };
     let shapes = [
-        Shape {
-            n: 40,
-            t: 2,
-            h: 2,
-            hv: 8,
-            dk: 128,
-            dv: 128,
-            pool: 170,
-        },
-        Shape {
-            n: 48,
-            t: 1,
-            h: 1,
-            hv: 16,
-            dk: 64,
-            dv: 120,
-            pool: 120,
-        },
+        sh(40, 2, 2, 8, 128, 128, 170),
+        sh(48, 1, 1, 16, 64, 120, 120),
     ];
     pool_cases(&dev, &shapes, 12);
 }
@@ -788,19 +677,7 @@ fn gpu_multi_token_step_equals_single_steps() {
         eprintln!("skipped: gpu_multi_token_step_equals_single_steps (no GPU)");
         return;
     };
-    multi_token_equals_single_steps(
-        &dev,
-        Shape {
-            n: 3,
-            t: 6,
-            h: 2,
-            hv: 4,
-            dk: 128,
-            dv: 128,
-            pool: 7,
-        },
-        false,
-    );
+    multi_token_equals_single_steps(&dev, sh(3, 6, 2, 4, 128, 128, 7), false);
 }
 
 #[test]
@@ -810,15 +687,7 @@ fn gpu_matches_the_cpu_and_recurrent_step_uses_the_kernel() {
         return;
     };
     let mut rng = Rng::new(21);
-    let s = Shape {
-        n: 6,
-        t: 4,
-        h: 2,
-        hv: 4,
-        dk: 128,
-        dv: 128,
-        pool: 40,
-    };
+    let s = sh(6, 4, 2, 4, 128, 128, 40);
     for opts in option_sets() {
         let x = inputs(&mut rng, s, DType::BF16, &opts);
         let plan = index_plan(&mut rng, s, true, true);

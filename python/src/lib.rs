@@ -366,14 +366,7 @@ impl CudaPlan {
         let make = || -> Result<deltanet::cuda::Plan, Error> {
             let options = library_options(&opts)?;
             let (batch, seq_len, heads, v_heads, dk, dv) = dims;
-            let dims = deltanet::Dims {
-                batch,
-                seq_len,
-                heads,
-                v_heads,
-                dk,
-                dv,
-            };
+            let dims = deltanet::Dims::from([batch, seq_len, heads, v_heads, dk, dv]);
             let p = Problem::new(dims, cu_seqlens.as_deref(), &options)?;
             let dtype: DType = dtype.parse().map_err(|e| named("q", e))?;
             // SAFETY: the Python layer passes torch's current stream of GPU `ordinal`, which

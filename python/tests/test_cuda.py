@@ -30,26 +30,9 @@ def host(x):
 @pytest.mark.parametrize("case", base.OPTION_CASES, ids=str)
 @pytest.mark.parametrize("fn", ["chunk", "recurrent"])
 def test_options_against_oracle(case, fn):
-    call, ref = base.OPTION_CASES[case]
-    call, ref = dict(call), dict(ref)
-    varlen = "cu_seqlens" in call
-    q, k, v, g, beta = base.problem(
-        seed=hash(case) % 1000, B=1 if varlen else 2,
-        logits=ref.get("beta_logits", False), raw_gate=ref.get("gate", False),
-    )
-    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
-    r = np.random.default_rng(7)
-    if call.pop("initial_state", False):
-        n = len(call["cu_seqlens"]) - 1 if varlen else q.shape[0]
-        shape = (n, HV, V, K) if call.get("state_v_first") else (n, HV, K, V)
-        call["initial_state"] = ref["initial_state"] = (0.1 * r.standard_normal(shape)).astype(np.float32)
-    if varlen:
-        ref["cu_seqlens"] = call["cu_seqlens"]
+    (q, k, v, g, beta), call, ref = base.option_case(case)
+    if "cu_seqlens" in call:
         call["cu_seqlens"] = torch.tensor(call["cu_seqlens"], device="cuda")
-    if ref.get("gate"):
-        call["A_log"] = ref["A_log"] = r.uniform(-2, 0.5, HV).astype(np.float32)
-        if "dt_bias" not in call:
-            call["dt_bias"] = ref["dt_bias"] = r.uniform(-1, 1, HV).astype(np.float32)
     call = {key: cuda(val) for key, val in call.items()}
     h0 = call.get("initial_state")
     h0_before = None if h0 is None else h0.clone()

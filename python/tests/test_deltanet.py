@@ -172,9 +172,9 @@ OPTION_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", OPTION_CASES, ids=str)
-@pytest.mark.parametrize("fn", ["chunk", "recurrent"])
-def test_options_against_oracle(case, fn):
+def option_case(case):
+    """The inputs of OPTION_CASES[case]: (q, k, v, g, beta), the call's keywords and the
+    oracle's, with the initial state, A_log and dt_bias the case asks for filled in."""
     call, ref = OPTION_CASES[case]
     call, ref = dict(call), dict(ref)
     varlen = "cu_seqlens" in call
@@ -196,6 +196,13 @@ def test_options_against_oracle(case, fn):
         call["A_log"] = ref["A_log"] = r.uniform(-2, 0.5, HV).astype(np.float32)
         if "dt_bias" not in call:
             call["dt_bias"] = ref["dt_bias"] = r.uniform(-1, 1, HV).astype(np.float32)
+    return (q, k, v, g, beta), call, ref
+
+
+@pytest.mark.parametrize("case", OPTION_CASES, ids=str)
+@pytest.mark.parametrize("fn", ["chunk", "recurrent"])
+def test_options_against_oracle(case, fn):
+    (q, k, v, g, beta), call, ref = option_case(case)
     o, final = FNS[fn](q, k, v, g, beta, output_final_state=True, **call)
     o_ref, final_ref = oracle(q, k, v, g, beta, **ref)
     assert isinstance(o, np.ndarray) and o.dtype == np.float32 and o.shape == o_ref.shape

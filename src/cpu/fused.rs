@@ -409,16 +409,9 @@ mod tests {
     #[ignore = "timing; run by hand"]
     fn block_times() {
         let (n, dk, dv, reps) = (64usize, 128usize, 128usize, 2000u32);
-        let vals = |len: usize, seed: u32| -> Vec<f32> {
-            let mut s = seed.wrapping_mul(2654435761) | 1;
-            (0..len)
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 17;
-                    s ^= s << 5;
-                    (s as f32 / u32::MAX as f32) - 0.5
-                })
-                .collect()
+        let vals = |len: usize, seed: u64| -> Vec<f32> {
+            let mut r = crate::selftest::Rng::new(seed);
+            (0..len).map(|_| r.range(-0.5, 0.5)).collect()
         };
         let (mut q, mut k, v) = (vals(n * dk, 1), vals(n * dk, 2), vals(n * dv, 3));
         q.chunks_exact_mut(dk).for_each(l2norm_row);

@@ -60,8 +60,7 @@ pub fn chunk_output(
 ) -> Result<Vec<f32>> {
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let kv = p.state_len();
-    check_len("q", q.len(), p.tokens() * nh * dk)?;
-    check_len("k", k.len(), p.tokens() * nh * dk)?;
+    p.check_qk(q, k)?;
     p.check("v_new", v_new.len(), dv)?;
     check_len("h", h.len(), p.chunks().len() * hv * kv)?;
     p.check("gamma", gamma.gamma.len(), 1)?;

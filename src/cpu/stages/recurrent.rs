@@ -8,38 +8,39 @@ use crate::problem::Problem;
 /// `K = k.len()` rows (`w = u.len()` columns each): with `S` the state decayed by `decay`,
 /// `u = beta (v - S^T k)`, then `S <- S + k u^T` and `o = scale S^T q`. The state is read from
 /// `src` (`None`: from `state`) and written to `state`; `v`, `u` and `o` hold `w` values.
-///
-/// Two passes over the state, the decayed state never stored: the first reads it for `S^T k`,
-/// the second reads it again (from L1/L2) and writes the new one and `o`. Each element sees the
-/// same operations in the same order as decaying, updating and reading the state in separate
-/// passes would, so the result is that of the plain recurrence. Compiled for AVX-512 and for
-/// AVX2 as well, chosen at run time; with no FMA contraction every variant rounds alike.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn token_step(
-    state: &mut [&mut [f32]],
-    src: Option<&[&[f32]]>,
-    k: &[f32],
-    q: &[f32],
-    v: &[f32],
-    decay: f32,
-    beta: f32,
-    scale: f32,
-    u: &mut [f32],
-    o: &mut [f32],
-) {
+pub(crate) struct Token<'a, 'r> {
+    pub state: &'a mut [&'r mut [f32]],
+    pub src: Option<&'a [&'r [f32]]>,
+    pub k: &'a [f32],
+    pub q: &'a [f32],
+    pub v: &'a [f32],
+    pub decay: f32,
+    pub beta: f32,
+    pub scale: f32,
+    pub u: &'a mut [f32],
+    pub o: &'a mut [f32],
+}
+
+/// Advances one [`Token`]. Two passes over the state, the decayed state never stored: the first
+/// reads it for `S^T k`, the second reads it again (from L1/L2) and writes the new one and `o`.
+/// Each element sees the same operations in the same order as decaying, updating and reading
+/// the state in separate passes would, so the result is that of the plain recurrence. Compiled
+/// for AVX-512 and for AVX2 as well, chosen at run time; with no FMA contraction every variant
+/// rounds alike.
+pub(crate) fn token_step(t: &mut Token<'_, '_>) {
     #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
     if crate::cpu::kernel::have_avx512() {
         // SAFETY: AVX-512F was just detected.
-        return unsafe { token_step_avx512(state, src, k, q, v, decay, beta, scale, u, o) };
+        return unsafe { token_step_avx512(t) };
     }
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: AVX2 was just detected.
-            return unsafe { token_step_avx2(state, src, k, q, v, decay, beta, scale, u, o) };
+            return unsafe { token_step_avx2(t) };
         }
     }
-    token_step_plain::<64>(state, src, k, q, v, decay, beta, scale, u, o)
+    token_step_plain::<64>(t)
 }
 
 /// [`token_step`] compiled for AVX-512.
@@ -48,20 +49,8 @@ pub(crate) fn token_step(
 /// The CPU must support AVX-512F.
 #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn token_step_avx512(
-    state: &mut [&mut [f32]],
-    src: Option<&[&[f32]]>,
-    k: &[f32],
-    q: &[f32],
-    v: &[f32],
-    decay: f32,
-    beta: f32,
-    scale: f32,
-    u: &mut [f32],
-    o: &mut [f32],
-) {
-    token_step_plain::<128>(state, src, k, q, v, decay, beta, scale, u, o)
+unsafe fn token_step_avx512(t: &mut Token<'_, '_>) {
+    token_step_plain::<128>(t)
 }
 
 /// [`token_step`] compiled for AVX2.
@@ -70,46 +59,22 @@ unsafe fn token_step_avx512(
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn token_step_avx2(
-    state: &mut [&mut [f32]],
-    src: Option<&[&[f32]]>,
-    k: &[f32],
-    q: &[f32],
-    v: &[f32],
-    decay: f32,
-    beta: f32,
-    scale: f32,
-    u: &mut [f32],
-    o: &mut [f32],
-) {
-    token_step_plain::<64>(state, src, k, q, v, decay, beta, scale, u, o)
+unsafe fn token_step_avx2(t: &mut Token<'_, '_>) {
+    token_step_plain::<64>(t)
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn token_step_plain<const WIDE: usize>(
-    state: &mut [&mut [f32]],
-    src: Option<&[&[f32]]>,
-    k: &[f32],
-    q: &[f32],
-    v: &[f32],
-    decay: f32,
-    beta: f32,
-    scale: f32,
-    u: &mut [f32],
-    o: &mut [f32],
-) {
+fn token_step_plain<const WIDE: usize>(t: &mut Token<'_, '_>) {
     // Blocks of WIDE columns (then 16, then single ones): a block's sums stay in registers while
     // the rows pass, so only the state itself goes through memory, and a whole row of 128 is
     // one block where 32 registers hold it.
-    let w = u.len();
+    let w = t.u.len();
     let mut c0 = 0;
     while c0 < w {
         let step = match w - c0 {
-            r if r >= WIDE => columns::<WIDE>(state, src, c0, k, q, v, decay, beta, scale, u, o),
-            r if r >= 16 => columns::<16>(state, src, c0, k, q, v, decay, beta, scale, u, o),
-            _ => columns::<1>(state, src, c0, k, q, v, decay, beta, scale, u, o),
+            r if r >= WIDE => columns::<WIDE>(t, c0),
+            r if r >= 16 => columns::<16>(t, c0),
+            _ => columns::<1>(t, c0),
         };
         c0 += step;
     }
@@ -117,20 +82,20 @@ fn token_step_plain<const WIDE: usize>(
 
 /// [`token_step`] on columns `c0..c0 + B`; returns `B`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn columns<const B: usize>(
-    state: &mut [&mut [f32]],
-    src: Option<&[&[f32]]>,
-    c0: usize,
-    k: &[f32],
-    q: &[f32],
-    v: &[f32],
-    decay: f32,
-    beta: f32,
-    scale: f32,
-    u: &mut [f32],
-    o: &mut [f32],
-) -> usize {
+fn columns<const B: usize>(t: &mut Token<'_, '_>, c0: usize) -> usize {
+    let Token {
+        state,
+        src,
+        k,
+        q,
+        v,
+        decay,
+        beta,
+        scale,
+        u,
+        o,
+    } = t;
+    let (decay, beta, scale) = (*decay, *beta, *scale);
     let mut acc = [0f32; B];
     for (r, &kr) in k.iter().enumerate() {
         let s_in: &[f32] = match src {
@@ -147,7 +112,7 @@ fn columns<const B: usize>(
     }
     u[c0..c0 + B].copy_from_slice(&ub);
     let mut ob = [0f32; B];
-    for (r, (&kr, &qr)) in k.iter().zip(q).enumerate() {
+    for (r, (&kr, &qr)) in k.iter().zip(q.iter()).enumerate() {
         let qr = scale * qr;
         let row = &mut state[r][c0..c0 + B];
         match src {
@@ -193,8 +158,7 @@ pub fn recurrent(
 ) -> Result<Vec<f32>> {
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let kv = p.state_len();
-    check_len("q", q.len(), p.tokens() * nh * dk)?;
-    check_len("k", k.len(), p.tokens() * nh * dk)?;
+    p.check_qk(q, k)?;
     p.check("v", v.len(), dv)?;
     p.check("g", g.len(), 1)?;
     p.check("beta", beta.len(), 1)?;
@@ -236,9 +200,18 @@ pub fn recurrent(
                 for t in t0..t1 {
                     let (tj, decay, k_row, q_row, v_row) = token(t);
                     let o_row = &mut o[(t - t0) * dv..][..dv];
-                    token_step(
-                        &mut rows, None, k_row, q_row, v_row, decay, beta[tj], scale, &mut u, o_row,
-                    );
+                    token_step(&mut Token {
+                        state: &mut rows,
+                        src: None,
+                        k: k_row,
+                        q: q_row,
+                        v: v_row,
+                        decay,
+                        beta: beta[tj],
+                        scale,
+                        u: &mut u,
+                        o: o_row,
+                    });
                 }
             }
             o
