@@ -477,7 +477,8 @@ fn bad_indices_and_shapes_are_refused_and_leave_the_pool() {
     };
     let i32s = |v: &'static [i32]| Some(Indices::I32(v));
     // (read, write, per-token rows; an empty list is none) and the argument named.
-    let refused: [(&'static [i32], &'static [i32], &'static [i32], &str); 7] = [
+    type Rows = &'static [i32];
+    let refused: [(Rows, Rows, Rows, &str); 7] = [
         // Two sequences updating one row in place.
         (&[0, 4, 0], &[], &[], "state_indices"),
         // Two sequences writing one row.
