@@ -262,8 +262,8 @@ pub fn decode_step(
     token_states: bool,
     opts: &Options,
 ) -> Result<DecodeOutput> {
-    let plan = plan(x, pool.len(), idx, opts)?;
-    let p = Problem::from_inputs(x, opts)?;
+    let step = Step::new(x, pool.len(), idx, token_states, opts)?;
+    let (p, plan) = (&step.p, &step.plan);
     let (n, t, hv, dk, dv) = (plan.n, plan.t, p.v_heads(), p.dk(), p.dv());
     let out_dtype = opts.out_dtype.unwrap_or(x.q.dtype());
     let state_shape = |v_first: bool| {
@@ -283,7 +283,7 @@ pub fn decode_step(
     }
     match device {
         Device::Cpu => {
-            let (o, ts) = cpu_decode(&p, &plan, x, pool, idx, token_states, opts)?;
+            let (o, ts) = cpu_decode(&step, pool)?;
             Ok(DecodeOutput {
                 o: Tensor::cast_from_f32(&o, vec![n, t, hv, dv], out_dtype)?,
                 token_states: ts
@@ -292,9 +292,9 @@ pub fn decode_step(
             })
         }
         Device::Cuda(d) => {
-            let mut step = cuda_host::new(d.clone(), &p, &plan, x, pool, idx, token_states, opts)?;
-            step.launch()?;
-            let (o, pool_after, ts) = step.download()?;
+            let mut launch = cuda_host::new(d.clone(), &step, pool)?;
+            launch.launch()?;
+            let (o, pool_after, ts) = launch.download()?;
             pool.copy_from_slice(&pool_after);
             Ok(DecodeOutput {
                 o,
@@ -310,6 +310,35 @@ pub fn decode_step(
 /// dimensions the kernel takes.
 pub(crate) fn kernel_takes(x: &Inputs<'_>, p: &Problem) -> bool {
     x.cu_seqlens.is_none() && crate::cuda::decode::check_dims(p.dk(), p.dv()).is_ok()
+}
+
+/// One validated step: its problem, the plan of its indices, and the call's arguments.
+struct Step<'a> {
+    p: Problem,
+    plan: Plan,
+    x: &'a Inputs<'a>,
+    idx: &'a StateIndices<'a>,
+    token_states: bool,
+    opts: &'a Options,
+}
+
+impl<'a> Step<'a> {
+    fn new(
+        x: &'a Inputs<'a>,
+        pool_len: usize,
+        idx: &'a StateIndices<'a>,
+        token_states: bool,
+        opts: &'a Options,
+    ) -> Result<Step<'a>> {
+        Ok(Step {
+            plan: plan(x, pool_len, idx, opts)?,
+            p: Problem::from_inputs(x, opts)?,
+            x,
+            idx,
+            token_states,
+            opts,
+        })
+    }
 }
 
 /// A pointer the parallel tasks of [`cpu_decode_in_pool`] share.
@@ -429,15 +458,9 @@ fn cpu_decode_in_pool(
 
 /// The step on the CPU in f32: per (sequence, value head) the recurrence token by token, then
 /// the pool writes. Returns o and the dense per-token states.
-fn cpu_decode(
-    p: &Problem,
-    plan: &Plan,
-    x: &Inputs<'_>,
-    pool: &mut [f32],
-    idx: &StateIndices<'_>,
-    token_states: bool,
-    opts: &Options,
-) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+fn cpu_decode(step: &Step<'_>, pool: &mut [f32]) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+    let (p, plan, x, idx, opts) = (&step.p, &step.plan, step.x, step.idx, step.opts);
+    let token_states = step.token_states;
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let (n, t) = (plan.n, plan.t);
     let kv = dk * dv;
@@ -605,9 +628,11 @@ impl CudaStep {
         token_states: bool,
         opts: &Options,
     ) -> Result<CudaStep> {
-        let plan = plan(x, pool.len(), idx, opts)?;
-        let p = Problem::from_inputs(x, opts)?;
-        cuda_host::new(dev, &p, &plan, x, pool, idx, token_states, opts)
+        cuda_host::new(
+            dev,
+            &Step::new(x, pool.len(), idx, token_states, opts)?,
+            pool,
+        )
     }
 
     /// Queues one launch on the device's stream (no waiting, no allocation).
@@ -703,14 +728,11 @@ mod cuda_host {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         dev: std::sync::Arc<CudaDevice>,
-        p: &Problem,
-        plan: &Plan,
-        x: &Inputs<'_>,
+        step: &Step<'_>,
         pool: &[f32],
-        idx: &StateIndices<'_>,
-        token_states: bool,
-        opts: &Options,
     ) -> Result<CudaStep> {
+        let (p, plan, x, idx, opts) = (&step.p, &step.plan, step.x, step.idx, step.opts);
+        let token_states = step.token_states;
         let (n, t, hv, dk, dv) = (plan.n, plan.t, p.v_heads(), p.dk(), p.dv());
         crate::cuda::decode::check_dims(dk, dv)?;
         let d = dev.as_ref();

@@ -8,148 +8,33 @@ use std::sync::Arc;
 use deltanet::cuda::fused;
 use deltanet::cuda::CudaDevice;
 use deltanet::reference::{reference, rel_l2};
-use deltanet::selftest::Rng;
+use deltanet::selftest::{Rng, Spec};
 use deltanet::{
-    chunk_forward, forward, upload_inputs, DType, Device, HeadMap, HostIo, Inputs, Options,
-    Problem, Tensor,
+    chunk_forward, forward, upload_inputs, DType, Device, HostIo, Inputs, Options, Problem, Tensor,
 };
 
 fn pick<T: Copy>(r: &mut Rng, xs: &[T]) -> T {
     xs[r.int(0, xs.len() - 1)]
 }
 
-fn unit_rows(mut x: Vec<f32>, dim: usize) -> Vec<f32> {
-    for row in x.chunks_mut(dim) {
-        let n = row.iter().map(|a| a * a).sum::<f32>().sqrt().max(1e-12);
-        row.iter_mut().for_each(|a| *a /= n);
-    }
-    x
-}
-
-/// A random problem the fused path supports (chunk size 64, K and V multiples of 16).
+/// A random problem the fused path supports: the library's generator ([`Spec::random`], every
+/// option and value profile), with chunk size 64, K and V multiples of 16 up to 256, T up to
+/// 400, and chunk states asked for now and then.
 fn case(seed: u64) -> (String, Inputs<'static>, Options) {
     let mut r = Rng::new(seed);
-    let varlen = r.chance(0.35);
-    let b = if varlen { 1 } else { r.int(1, 2) };
-    let t = if r.chance(0.2) {
-        r.int(1, 70)
-    } else {
-        r.int(1, 400)
-    };
-    let h = r.int(1, 2);
-    let hv = h * r.int(1, 3);
-    let dk = pick(&mut r, &[16, 32, 64, 128, 128, 256]);
-    let dv = pick(&mut r, &[16, 32, 48, 64, 128, 128, 256]);
-    let dtype = pick(&mut r, &[DType::F32, DType::BF16, DType::F16]);
-    let beta_is_logits = r.chance(0.4);
-    let gate_in_kernel = r.chance(0.25);
+    let mut spec = Spec::random(&mut r);
+    spec.k = pick(&mut r, &[16, 32, 64, 128, 128, 256]);
+    spec.v = pick(&mut r, &[16, 32, 48, 64, 128, 128, 256]);
+    spec.chunk_size = 64;
+    if r.chance(0.5) {
+        spec.t = r.int(1, 400);
+    }
+    let c = spec.build().unwrap();
     let opts = Options {
-        scale: if r.chance(0.3) {
-            Some(r.range(0.05, 1.0))
-        } else {
-            None
-        },
-        use_qk_l2norm: r.chance(0.5),
-        beta_is_logits,
-        allow_neg_eigval: beta_is_logits && r.chance(0.5),
-        gate_in_kernel,
-        state_v_first: r.chance(0.3),
-        chunk_size: 64,
-        head_map: if r.chance(0.5) {
-            HeadMap::Grouped
-        } else {
-            HeadMap::Tiled
-        },
-        output_final_state: true,
         output_chunk_states: r.chance(0.3),
-        out_dtype: Some(DType::F32),
+        ..c.opts
     };
-    let cu: Option<Vec<i64>> = varlen.then(|| {
-        let n = r.int(1, 5);
-        let mut cuts: Vec<i64> = (0..n - 1)
-            .map(|_| match r.int(0, 4) {
-                0 => 0,
-                1 => t as i64,
-                _ => r.int(0, t) as i64,
-            })
-            .collect();
-        cuts.push(0);
-        cuts.push(t as i64);
-        cuts.sort_unstable();
-        cuts
-    });
-    let n_seqs = cu.as_ref().map_or(b, |c| c.len() - 1);
-    let tok = b * t;
-    let mut q = r.normal(tok * h * dk, 1.0);
-    let mut k = r.normal(tok * h * dk, 1.0);
-    if !opts.use_qk_l2norm {
-        q = unit_rows(q, dk);
-        k = unit_rows(k, dk);
-    }
-    let v = r.normal(tok * hv * dv, 1.0);
-    let strong = !gate_in_kernel && r.chance(0.2);
-    let mut g: Vec<f32> = if gate_in_kernel {
-        r.normal(tok * hv, 1.5)
-    } else {
-        (0..tok * hv)
-            .map(|_| {
-                let x = r.range(-6.0, 1.5);
-                -(if strong { 8.0 } else { 1.0 }) * (x.exp().ln_1p())
-            })
-            .collect()
-    };
-    let resets = !gate_in_kernel && r.chance(0.3);
-    if resets {
-        for x in g.iter_mut() {
-            if r.chance(0.02) {
-                *x = if r.chance(0.5) {
-                    f32::NEG_INFINITY
-                } else {
-                    -1e4
-                };
-            }
-        }
-    }
-    let beta: Vec<f32> = if beta_is_logits {
-        r.normal(tok * hv, 2.0)
-    } else {
-        (0..tok * hv).map(|_| r.range(0.0, 1.0)).collect()
-    };
-    let shape = if opts.state_v_first {
-        vec![n_seqs, hv, dv, dk]
-    } else {
-        vec![n_seqs, hv, dk, dv]
-    };
-    let h0 = r
-        .chance(0.5)
-        .then(|| Tensor::from_f32(r.normal(n_seqs * hv * dk * dv, 0.3), shape).unwrap());
-    let (a_log, dt_bias) = if gate_in_kernel {
-        let a: Vec<f32> = (0..hv).map(|_| r.range(-2.0, 1.0)).collect();
-        (
-            Some(Tensor::from_f32(a, vec![hv]).unwrap()),
-            Some(Tensor::from_f32(r.normal(hv, 1.0), vec![hv]).unwrap()),
-        )
-    } else {
-        (None, None)
-    };
-    let name = format!(
-        "seed {seed}: B={b} T={t} H={h} HV={hv} K={dk} V={dv} {dtype:?} cu={cu:?} {:?} h0={} \
-         resets={resets} strong={strong}",
-        opts,
-        h0.is_some()
-    );
-    let x = Inputs {
-        q: Tensor::cast_from_f32(&q, vec![b, t, h, dk], dtype).unwrap(),
-        k: Tensor::cast_from_f32(&k, vec![b, t, h, dk], dtype).unwrap(),
-        v: Tensor::cast_from_f32(&v, vec![b, t, hv, dv], dtype).unwrap(),
-        g: Tensor::from_f32(g, vec![b, t, hv]).unwrap(),
-        beta: Tensor::from_f32(beta, vec![b, t, hv]).unwrap(),
-        initial_state: h0,
-        cu_seqlens: cu,
-        a_log,
-        dt_bias,
-    };
-    (name, x, opts)
+    (format!("seed {seed}: {}", c.name), c.inputs, opts)
 }
 
 /// The automatic choice and every explicit kernel variant.

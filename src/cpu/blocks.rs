@@ -165,14 +165,22 @@ pub(crate) fn gemm(
     beta: f32,
     c: &mut [f32],
 ) {
-    product(m, k, n, alpha, a, a_t, b, b_t, beta, c, Tri::Full);
+    product([m, k, n], alpha, (a, a_t), (b, b_t), beta, c, Tri::Full);
 }
 
 /// `out[i, l] = x_i . k_l` for `l <= i` (`n x n`): the products of a chunk's tokens that causal
 /// attention and `A_strict` use, from `x` (`n x K`) and `kt` (`k^T`, `K x n`). Entries above the
 /// diagonal are left unspecified.
 pub(crate) fn causal_dots(x: &[f32], kt: &[f32], n: usize, dk: usize, out: &mut [f32]) {
-    product(n, dk, n, 1.0, x, false, kt, false, 0.0, out, Tri::LowerC);
+    product(
+        [n, dk, n],
+        1.0,
+        (x, false),
+        (kt, false),
+        0.0,
+        out,
+        Tri::LowerC,
+    );
 }
 
 /// What the kernel may assume or skip in a product.
@@ -186,17 +194,13 @@ enum Tri {
     LowerC,
 }
 
-/// [`gemm`] with what [`Tri`] allows the kernel to skip.
-#[allow(clippy::too_many_arguments)]
+/// [`gemm`] with what [`Tri`] allows the kernel to skip: `[m, k, n]` the sizes, `a` and `b`
+/// each with whether it is stored transposed.
 fn product(
-    m: usize,
-    k: usize,
-    n: usize,
+    [m, k, n]: [usize; 3],
     alpha: f32,
-    a: &[f32],
-    a_t: bool,
-    b: &[f32],
-    b_t: bool,
+    (a, a_t): (&[f32], bool),
+    (b, b_t): (&[f32], bool),
     beta: f32,
     c: &mut [f32],
     tri: Tri,
@@ -421,7 +425,7 @@ pub(crate) fn finite_rows(x: &[f32], n: usize) -> usize {
 pub(crate) fn gemm_causal(n: usize, w: usize, l: &[f32], b: &[f32], beta: f32, c: &mut [f32]) {
     let m = finite_rows(&b[..n * w], n);
     if m == n {
-        product(n, n, w, 1.0, l, false, b, false, beta, c, Tri::LowerA);
+        product([n, n, w], 1.0, (l, false), (b, false), beta, c, Tri::LowerA);
         return;
     }
     let mut head = vec![0f32; m * m];

@@ -129,6 +129,22 @@ struct Sources<'a, R> {
     dt_bias: Option<&'a [f32]>,
 }
 
+impl<'a, R> Sources<'a, R> {
+    /// From q, k, v, g, beta and the initial state, A_log, dt_bias.
+    fn new([q, k, v, g, beta]: [&'a R; 5], [h0, a_log, dt_bias]: [Option<&'a [f32]>; 3]) -> Self {
+        Sources {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            h0,
+            a_log,
+            dt_bias,
+        }
+    }
+}
+
 /// The chunked forward on the CPU, fused (see the module doc), on host inputs: validates `x`
 /// against `opts`. The same computation as [`crate::forward`] on [`crate::Device::Cpu`], with the
 /// results left as f32 buffers and the final state K-major.
@@ -151,20 +167,12 @@ pub(crate) fn fused_host(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<
             s
         }
     });
-    fused(
-        p,
-        opts,
-        &Sources {
-            q: &x.q,
-            k: &x.k,
-            v: &x.v,
-            g: &x.g,
-            beta: &x.beta,
-            h0: h0.as_deref(),
-            a_log: a_log.as_deref(),
-            dt_bias: dt_bias.as_deref(),
-        },
-    )
+    let tokens = [&x.q, &x.k, &x.v, &x.g, &x.beta];
+    let src = Sources::new(
+        tokens,
+        [h0.as_deref(), a_log.as_deref(), dt_bias.as_deref()],
+    );
+    fused(p, opts, &src)
 }
 
 /// The fused forward on f32 buffers (states K-major): the CPU's [`crate::Backend::forward`].
@@ -173,20 +181,12 @@ pub(crate) fn fused_staged(
     opts: &Options,
     x: &StageInputs<Vec<f32>>,
 ) -> Result<FusedOut> {
-    fused(
-        p,
-        opts,
-        &Sources {
-            q: &x.q,
-            k: &x.k,
-            v: &x.v,
-            g: &x.g,
-            beta: &x.beta,
-            h0: x.h0.as_deref(),
-            a_log: x.a_log.as_deref(),
-            dt_bias: x.dt_bias.as_deref(),
-        },
-    )
+    let tokens = [&x.q, &x.k, &x.v, &x.g, &x.beta];
+    let src = Sources::new(
+        tokens,
+        [x.h0.as_deref(), x.a_log.as_deref(), x.dt_bias.as_deref()],
+    );
+    fused(p, opts, &src)
 }
 
 fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Result<FusedOut> {
