@@ -30,19 +30,35 @@ type RawTensor<'py> = (Bound<'py, PyBytes>, Vec<usize>, String);
 /// builds over it is writable), its shape and its dtype name.
 type OutTensor = (Py<PyByteArray>, Vec<usize>, String);
 
-/// The tensors of one call, by FLA's names (`A_log` is `a_log` here).
+/// The tensors of one call, by FLA's names (`A_log` is `a_log` here): as the Python layer
+/// passes them (`Tensors<RawTensor>`, from its dict) or borrowed from those (`Tensors<View>`).
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
-struct RawInputs<'py> {
-    q: RawTensor<'py>,
-    k: RawTensor<'py>,
-    v: RawTensor<'py>,
-    g: RawTensor<'py>,
-    beta: RawTensor<'py>,
-    initial_state: Option<RawTensor<'py>>,
-    cu_seqlens: Option<Vec<i64>>,
-    a_log: Option<RawTensor<'py>>,
-    dt_bias: Option<RawTensor<'py>>,
+struct Tensors<T> {
+    q: T,
+    k: T,
+    v: T,
+    g: T,
+    beta: T,
+    initial_state: Option<T>,
+    a_log: Option<T>,
+    dt_bias: Option<T>,
+}
+
+impl<T> Tensors<T> {
+    /// Each tensor through `f`.
+    fn map<'s, U>(&'s self, f: impl Fn(&'s T) -> U) -> Tensors<U> {
+        Tensors {
+            q: f(&self.q),
+            k: f(&self.k),
+            v: f(&self.v),
+            g: f(&self.g),
+            beta: f(&self.beta),
+            initial_state: self.initial_state.as_ref().map(&f),
+            a_log: self.a_log.as_ref().map(&f),
+            dt_bias: self.dt_bias.as_ref().map(&f),
+        }
+    }
 }
 
 /// The options of one call, already translated from FLA's keyword names by the Python layer.
@@ -115,18 +131,6 @@ impl<'a> View<'a> {
     }
 }
 
-/// Every tensor of one call, borrowed from the Python objects.
-struct Views<'a> {
-    q: View<'a>,
-    k: View<'a>,
-    v: View<'a>,
-    g: View<'a>,
-    beta: View<'a>,
-    initial_state: Option<View<'a>>,
-    a_log: Option<View<'a>>,
-    dt_bias: Option<View<'a>>,
-}
-
 /// What a computation returns before it is turned into Python objects.
 struct Computed {
     o: Tensor<'static>,
@@ -144,7 +148,7 @@ enum Mode {
 /// borrowed bytes and plain Rust values.
 fn compute(
     mode: Mode,
-    views: Views<'_>,
+    views: Tensors<View<'_>>,
     cu_seqlens: Option<Vec<i64>>,
     opts: &RawOptions,
 ) -> Result<Computed, Error> {
@@ -236,19 +240,10 @@ fn run(
             )))
         }
     };
-    let raw: RawInputs<'_> = tensors.extract()?;
+    let raw: Tensors<RawTensor<'_>> = tensors.extract()?;
+    let cu: Option<Vec<i64>> = tensors.get_item("cu_seqlens")?.extract()?;
     let opts: RawOptions = options.extract()?;
-    let views = Views {
-        q: View::of(&raw.q),
-        k: View::of(&raw.k),
-        v: View::of(&raw.v),
-        g: View::of(&raw.g),
-        beta: View::of(&raw.beta),
-        initial_state: raw.initial_state.as_ref().map(View::of),
-        a_log: raw.a_log.as_ref().map(View::of),
-        dt_bias: raw.dt_bias.as_ref().map(View::of),
-    };
-    let cu = raw.cu_seqlens.clone();
+    let views = raw.map(|t| View::of(t));
     // The computation holds no Python object, so other Python threads run meanwhile. A panic
     // (a bug) is caught here and raised as a RuntimeError rather than unwinding into Python.
     let result = py.detach(|| {
