@@ -44,33 +44,43 @@ pub const CHUNK: usize = 64;
 /// The largest key and value dimensions compiled (as constants) into the fused kernels.
 pub const MAX_DIM: usize = 256;
 const THREADS: u32 = 256;
-/// f32 values per token and value head in the workspace: `a_inv` and `p` rows (64 each) and
-/// four row scalings.
-const WS_PER_ROW: usize = 2 * CHUNK + 4;
+/// 4-byte words per token and value head in the workspace: `a_inv` and `p` rows (64 f32 each,
+/// or three bf16 planes of 64 each) and four f32 row scalings.
+const WS_PER_ROW: usize = 2 * (3 * CHUNK / 2) + 4;
 
 use super::registry::COMMON;
 const MMA: &str = include_str!("../kernels/fused/mma.cuh");
 const INTRA: &str = include_str!("../kernels/fused/chunk_intra.cu");
 const RECURRENT: &str = include_str!("../kernels/fused/chunk_recurrent.cu");
+const RECURRENT_REGS: &str = include_str!("../kernels/fused/chunk_recurrent_regs.cu");
 
-/// The two fused kernels.
+/// The fused kernels: `chunk_intra` and one of the two recurrent kernels per forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
     /// `chunk_intra.cu`.
     ChunkIntra,
-    /// `chunk_recurrent.cu`.
+    /// `chunk_recurrent.cu`: the state tile in shared memory, TF32 products; every input dtype
+    /// and K up to 256.
     ChunkRecurrent,
+    /// `chunk_recurrent_regs.cu`: the state in registers, bf16 products on split operands; bf16
+    /// inputs with K up to 128.
+    ChunkRecurrentRegs,
 }
 
 impl Kernel {
-    /// Both kernels.
-    pub const ALL: [Kernel; 2] = [Kernel::ChunkIntra, Kernel::ChunkRecurrent];
+    /// Every fused kernel.
+    pub const ALL: [Kernel; 3] = [
+        Kernel::ChunkIntra,
+        Kernel::ChunkRecurrent,
+        Kernel::ChunkRecurrentRegs,
+    ];
 
     /// The function's (and the source file's) name.
     pub fn name(self) -> &'static str {
         match self {
             Kernel::ChunkIntra => "chunk_intra",
             Kernel::ChunkRecurrent => "chunk_recurrent",
+            Kernel::ChunkRecurrentRegs => "chunk_recurrent_regs",
         }
     }
 
@@ -78,6 +88,7 @@ impl Kernel {
         match self {
             Kernel::ChunkIntra => INTRA,
             Kernel::ChunkRecurrent => RECURRENT,
+            Kernel::ChunkRecurrentRegs => RECURRENT_REGS,
         }
     }
 }
@@ -89,7 +100,8 @@ pub struct Config {
     pub dk: usize,
     /// Value dimension V.
     pub dv: usize,
-    /// State columns per block of `chunk_recurrent` (16 or 32).
+    /// State columns per block of the recurrent kernel: 16 or 32 (`chunk_recurrent`), 16 per
+    /// warp up to 128 (`chunk_recurrent_regs`).
     pub vt: usize,
     /// The dtype q, k and v are read in.
     pub dtype: DType,
@@ -101,6 +113,9 @@ pub struct Config {
     /// `chunk_recurrent` with 16 warps, shared state fragments and two accumulator chains
     /// (needs `vt == 32`).
     pub wide: bool,
+    /// `chunk_recurrent_regs` (and `chunk_intra` writing split `a_inv` and `p` for it) instead
+    /// of `chunk_recurrent`: bf16 inputs, K <= 128 only.
+    pub regs: bool,
 }
 
 impl Config {
@@ -112,7 +127,7 @@ impl Config {
         };
         format!(
             "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
-             #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n",
+             #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -120,14 +135,39 @@ impl Config {
             i32::from(self.mma),
             self.nbuf,
             i32::from(self.wide),
-            self.threads(Kernel::ChunkRecurrent)
+            self.threads(Kernel::ChunkRecurrent),
+            i32::from(self.regs)
         )
+    }
+
+    /// The recurrent kernel this configuration runs.
+    pub fn recurrent(&self) -> Kernel {
+        if self.regs {
+            Kernel::ChunkRecurrentRegs
+        } else {
+            Kernel::ChunkRecurrent
+        }
+    }
+
+    /// The two kernels of a forward with this configuration.
+    pub fn kernels(&self) -> [Kernel; 2] {
+        [Kernel::ChunkIntra, self.recurrent()]
+    }
+
+    /// Bytes of one `a_inv` (or `p`) row in the workspace: 64 f32, or three bf16 planes of 64.
+    fn row_bytes(&self) -> usize {
+        if self.regs {
+            3 * CHUNK * 2
+        } else {
+            CHUNK * 4
+        }
     }
 
     /// Threads per block of `kernel`.
     pub fn threads(&self, kernel: Kernel) -> u32 {
         match kernel {
             Kernel::ChunkRecurrent if self.wide => 512,
+            Kernel::ChunkRecurrentRegs => 2 * self.vt as u32,
             _ => THREADS,
         }
     }
@@ -148,6 +188,11 @@ impl Config {
                 let sv = self.vt + 8;
                 let stage = qk + 2 * CHUNK * sc * 4 + CHUNK * sv * self.in_bytes() + CHUNK * 16;
                 (self.dk * sv + 2 * CHUNK * sv) * 4 + 16 + self.nbuf * stage
+            }
+            Kernel::ChunkRecurrentRegs => {
+                let (sk, spl, svr) = (self.dk + 8, 3 * CHUNK + 8, self.vt + 8);
+                let stage = (2 * CHUNK * sk + 2 * CHUNK * spl + CHUNK * svr) * 2 + CHUNK * 16;
+                self.nbuf * stage
             }
         }
     }
@@ -194,6 +239,7 @@ pub fn standard_configs() -> Vec<Config> {
         mma: true,
         nbuf,
         wide,
+        regs: false,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -206,6 +252,12 @@ pub fn standard_configs() -> Vec<Config> {
         for dtype in [DType::F32, DType::BF16] {
             v.push(config(dk, dv, 32, dtype, 1, false));
         }
+    }
+    for (dk, vt) in [(128, 32), (128, 128), (64, 64)] {
+        v.push(Config {
+            regs: true,
+            ..config(dk, 128, vt, DType::BF16, 2, false)
+        });
     }
     v
 }
@@ -221,7 +273,7 @@ pub fn supported(dev: &CudaDevice, p: &Problem, opts: &Options) -> bool {
     }
     // f32 inputs need the most shared memory; every tuning falls back to what fits there.
     let cfg = config(dev, p, DType::F32, &Tuning::default());
-    Kernel::ALL
+    cfg.kernels()
         .iter()
         .all(|&k| cfg.shared_bytes(k) <= dev.max_shared_per_block())
 }
@@ -250,7 +302,8 @@ pub fn shaped_for(p: &Problem, opts: &Options) -> bool {
     opts.chunk_size == CHUNK && dk % 16 == 0 && dv % 16 == 0 && dk <= MAX_DIM && dv <= MAX_DIM
 }
 
-/// Workspace of [`forward`], in bytes: 132 f32 per token and value head.
+/// Workspace of [`forward`], in bytes: per token and value head, `a_inv` and `p` rows (64 f32
+/// each, or 192 bf16 each for `chunk_recurrent_regs`) and four f32 row scalings.
 pub fn workspace_bytes(p: &Problem) -> usize {
     p.tokens() * p.v_heads() * WS_PER_ROW * 4
 }
@@ -268,29 +321,36 @@ pub struct Tuning {
     pub wide: Option<bool>,
     /// The tile products in plain f32 FMA instead of the tensor cores (a cross-check).
     pub fma: bool,
+    /// `chunk_recurrent_regs` where it applies (bf16 inputs, K <= 128); by default taken there.
+    pub regs: Option<bool>,
 }
 
 impl Tuning {
     /// From the environment: `DELTANET_FUSED_VT`, `DELTANET_FUSED_NBUF`,
-    /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`.
+    /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`, `DELTANET_FUSED_REGS=0|1`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
+        let flag = |k: &str| {
+            std::env::var(k).ok().and_then(|v| match v.as_str() {
+                "0" => Some(false),
+                "1" => Some(true),
+                _ => None,
+            })
+        };
         Tuning {
             vt: num("DELTANET_FUSED_VT"),
             nbuf: num("DELTANET_FUSED_NBUF"),
-            wide: std::env::var("DELTANET_FUSED_WIDE")
-                .ok()
-                .and_then(|v| match v.as_str() {
-                    "0" => Some(false),
-                    "1" => Some(true),
-                    _ => None,
-                }),
+            wide: flag("DELTANET_FUSED_WIDE"),
             fma: std::env::var("DELTANET_FUSED_MMA").is_ok_and(|v| v == "0"),
+            regs: flag("DELTANET_FUSED_REGS"),
         }
     }
 }
 
 fn config(dev: &CudaDevice, p: &Problem, dtype: DType, tuning: &Tuning) -> Config {
+    if let Some(cfg) = regs_config(dev, p, dtype, tuning) {
+        return cfg;
+    }
     let dv = p.dv();
     let fits = |vt: usize| dv % vt == 0;
     // Measured on an H200 (NOTES-GPU.md): a chunk step of one block takes ~8 us with 16
@@ -319,6 +379,7 @@ fn config(dev: &CudaDevice, p: &Problem, dtype: DType, tuning: &Tuning) -> Confi
         mma: !tuning.fma,
         nbuf: if tuning.nbuf == Some(1) { 1 } else { 2 },
         wide,
+        regs: false,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -329,6 +390,44 @@ fn config(dev: &CudaDevice, p: &Problem, dtype: DType, tuning: &Tuning) -> Confi
         cfg.wide = false;
     }
     cfg
+}
+
+/// The `chunk_recurrent_regs` configuration where it applies and is not turned off: bf16
+/// inputs, K <= 128, tensor cores. Columns per block: 16 per warp, the most warps (up to 8)
+/// whose blocks still number about one per SM or more (its shared memory holds one block per
+/// SM; fewer, wider blocks share each chunk's staged rows among more warps).
+fn regs_config(dev: &CudaDevice, p: &Problem, dtype: DType, tuning: &Tuning) -> Option<Config> {
+    let (dk, dv) = (p.dk(), p.dv());
+    if dtype != DType::BF16 || dk > 128 || tuning.fma || tuning.regs == Some(false) {
+        return None;
+    }
+    let fits = |vt: usize| vt % 16 == 0 && vt <= 128 && dv % vt == 0;
+    let sms = sm_count(dev);
+    let mut vt = [128, 64, 32, 16]
+        .into_iter()
+        .find(|&vt| fits(vt) && 10 * p.num_seqs() * p.v_heads() * (dv / vt) >= 9 * sms)
+        .unwrap_or(16);
+    if let Some(t) = tuning.vt.filter(|&t| fits(t)) {
+        vt = t;
+    }
+    let mut cfg = Config {
+        dk,
+        dv,
+        vt,
+        dtype,
+        mma: true,
+        nbuf: if tuning.nbuf == Some(1) { 1 } else { 2 },
+        wide: false,
+        regs: true,
+    };
+    let max = dev.max_shared_per_block();
+    if cfg.shared_bytes(Kernel::ChunkRecurrentRegs) > max {
+        cfg.nbuf = 1;
+    }
+    while cfg.shared_bytes(Kernel::ChunkRecurrentRegs) > max && cfg.vt > 16 {
+        cfg.vt /= 2;
+    }
+    (cfg.shared_bytes(Kernel::ChunkRecurrentRegs) <= max).then_some(cfg)
 }
 
 /// Device pointers of one fused forward (`0` for an absent optional one). Inputs in FLA's
@@ -518,8 +617,8 @@ pub(crate) fn forward_with_tables(
     let stream = dev.stream();
     let rows = (tokens * hv) as u64;
     let a_inv = io.workspace;
-    let pbuf = a_inv + rows * (CHUNK as u64) * 4;
-    let scal = pbuf + rows * (CHUNK as u64) * 4;
+    let pbuf = a_inv + rows * cfg.row_bytes() as u64;
+    let scal = pbuf + rows * cfg.row_bytes() as u64;
     // Timing knob: DELTANET_FUSED_ONLY=intra or =recurrent launches one kernel alone (results
     // then wrong), to split the forward's time between the two.
     let only = std::env::var("DELTANET_FUSED_ONLY").unwrap_or_default();
@@ -581,18 +680,18 @@ pub(crate) fn forward_with_tables(
     if only == "intra" {
         return Ok(());
     }
-    let f = function(dev, Kernel::ChunkRecurrent, &cfg)?;
-    let shared = cfg.shared_bytes(Kernel::ChunkRecurrent);
+    let rec = cfg.recurrent();
+    let f = function(dev, rec, &cfg)?;
+    let shared = cfg.shared_bytes(rec);
     let items = p.num_seqs() * hv * (p.dv() / cfg.vt);
-    // SAFETY: as for chunk_intra.
+    // SAFETY: as for chunk_intra (both recurrent kernels take the same parameters).
     unsafe {
-        stream.launch_builder(&f).arg(&rp).launch(grid(
-            items,
-            cfg.threads(Kernel::ChunkRecurrent),
-            shared,
-        ))
+        stream
+            .launch_builder(&f)
+            .arg(&rp)
+            .launch(grid(items, cfg.threads(rec), shared))
     }
-    .map_err(cuda_err("launching chunk_recurrent"))?;
+    .map_err(cuda_err(format!("launching {}", rec.name())))?;
     Ok(())
 }
 

@@ -6,7 +6,7 @@ use std::ffi::{c_char, CString};
 
 use cudarc::nvrtc::{result, sys};
 
-use super::{standard_configs, Kernel, COMMON, MMA};
+use super::{standard_configs, COMMON, MMA};
 use crate::cuda::registry::{self, nvrtc_available, Key, Source};
 use crate::error::{Error, Result};
 use crate::options::CHUNK_SIZES;
@@ -118,15 +118,16 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
         }
     }
     for cfg in standard_configs() {
-        for kernel in Kernel::ALL {
+        for kernel in cfg.kernels() {
             let name = format!(
-                "fused_{}_k{}_v{}_vt{}_{}{}",
+                "fused_{}_k{}_v{}_vt{}_{}{}{}",
                 kernel.name(),
                 cfg.dk,
                 cfg.dv,
                 cfg.vt,
                 cfg.dtype.name(),
-                if cfg.wide { "_wide" } else { "" }
+                if cfg.wide { "_wide" } else { "" },
+                if cfg.regs { "_planes" } else { "" }
             );
             let text = format!("{}{COMMON}\n{MMA}\n{}", cfg.defines(), kernel.text());
             out.push(compile(&name, &text, arch, &options(arch, &[]))?);

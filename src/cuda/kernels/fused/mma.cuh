@@ -216,3 +216,124 @@ __device__ __forceinline__ void warp_mma_x(float (&acc)[NA][NT][4], FA0 a_at0, F
     if (NA > 1) warp_mma<SA, SB, NT, KD>(acc[NA - 1], a_at1, b_at);
 #endif
 }
+
+// --- bf16 tensor-core products with f32 operands split into three bf16 pieces ---
+// x = x1 + x2 + x3, each piece x rounded to bf16 (8 significant bits) minus the pieces before:
+// every difference is exact, so the three carry x's 24 bits (exact for normal x). An input
+// already in bf16 is its own single piece.
+
+// Two f32 rounded to bf16 and packed, `lo` in the low half (the A/B register order of mma).
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ float bf16_lo(unsigned p) { return __uint_as_float(p << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned p) { return __uint_as_float(p & 0xffff0000u); }
+
+// The pieces of (x0, x1) as three packed pairs.
+__device__ __forceinline__ void split3(float x0, float x1, unsigned& p1, unsigned& p2,
+                                       unsigned& p3) {
+    p1 = pack_bf16(x0, x1);
+    x0 -= bf16_lo(p1);
+    x1 -= bf16_hi(p1);
+    p2 = pack_bf16(x0, x1);
+    x0 -= bf16_lo(p2);
+    x1 -= bf16_hi(p2);
+    p3 = pack_bf16(x0, x1);
+}
+
+// An A operand (16 x 16) in three pieces.
+struct APieces {
+    unsigned p[3][4];
+};
+// The A operand of one k16 step from two accumulator (C) tiles of m16n8: columns 0..7 from c0,
+// 8..15 from c1. The C fragment of a lane (rows g, g + 8; columns 2t, 2t + 1) is the A fragment
+// of the same lane, so a product's result feeds the next product with no data exchange.
+__device__ __forceinline__ APieces a_from_acc(const float (&c0)[4], const float (&c1)[4]) {
+    APieces a;
+    split3(c0[0], c0[1], a.p[0][0], a.p[1][0], a.p[2][0]);
+    split3(c0[2], c0[3], a.p[0][1], a.p[1][1], a.p[2][1]);
+    split3(c1[0], c1[1], a.p[0][2], a.p[1][2], a.p[2][2]);
+    split3(c1[2], c1[3], a.p[0][3], a.p[1][3], a.p[2][3]);
+    return a;
+}
+
+// c += a b on the tensor cores: a 16x16 (row), b 16x8 (col), bf16 operands, f32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// c += a b with a split (three pieces) and b exact in bf16: three passes, small pieces first.
+__device__ __forceinline__ void mma3(float (&c)[4], const APieces& a, unsigned b0, unsigned b1) {
+    mma_bf16(c, a.p[2], b0, b1);
+    mma_bf16(c, a.p[1], b0, b1);
+    mma_bf16(c, a.p[0], b0, b1);
+}
+// c += a b with both split: the six piece products whose orders add to at most 4 (the dropped
+// three are below 2^-25 relative), small ones first. b[i] = {b0, b1} of piece i.
+__device__ __forceinline__ void mma6(float (&c)[4], const APieces& a, const unsigned (&b)[3][2]) {
+    mma_bf16(c, a.p[2], b[0][0], b[0][1]);
+    mma_bf16(c, a.p[1], b[1][0], b[1][1]);
+    mma_bf16(c, a.p[0], b[2][0], b[2][1]);
+    mma_bf16(c, a.p[1], b[0][0], b[0][1]);
+    mma_bf16(c, a.p[0], b[1][0], b[1][1]);
+    mma_bf16(c, a.p[0], b[0][0], b[0][1]);
+}
+
+// The shared-space address of p, as integer arithmetic the compiler can fold offsets into.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+// Four 8 x 8 bf16 matrices from shared memory (address a, shared space), lane l giving row l % 8
+// of matrix l / 8; result register i holds, per lane, matrix i's row g, columns 2t, 2t + 1 (with
+// .trans: rows 2t, 2t + 1 of column g).
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+// A bf16 row-major matrix in shared memory for the loads below: this lane's row address in
+// either pattern, so that every load is that address plus a constant.
+struct SmemRows {
+    unsigned b;   // ldsm_b: row l % 8 + 8 ((l / 8) / 2), column 8 ((l / 8) % 2)
+    unsigned bt;  // ldsm_bt: row l % 8 + 8 ((l / 8) % 2), column 8 ((l / 8) / 2)
+};
+// M with row stride s elements.
+__device__ __forceinline__ SmemRows smem_rows(const unsigned short* M, int s) {
+    const int l = threadIdx.x & 31, mi = l >> 3, r = l & 7;
+    const unsigned base = smem_addr(M);
+    return {base + 2u * ((r + 8 * (mi >> 1)) * s + 8 * (mi & 1)),
+            base + 2u * ((r + 8 * (mi & 1)) * s + 8 * (mi >> 1))};
+}
+// B operands (k16 x n8) of B = M^T for one k16 step (columns k0 .. k0 + 15 of M) and two n8
+// tiles (rows r0 .. r0 + 7 and r0 + 8 .. r0 + 15 of M); M bf16 row-major with row stride s.
+// b[0], b[1]: the first tile's registers; b[2], b[3]: the second's.
+__device__ __forceinline__ void ldsm_b(unsigned (&b)[4], const SmemRows& M, int s, int r0,
+                                       int k0) {
+    ldsm_x4(b, M.b + 2u * (r0 * s + k0));
+}
+// B operands of B = M itself (rows k0 .. k0 + 15 are the k16 step, columns n0 .. n0 + 15 the
+// two n8 tiles), by the transposing load.
+__device__ __forceinline__ void ldsm_bt(unsigned (&b)[4], const SmemRows& M, int s, int k0,
+                                        int n0) {
+    ldsm_x4_t(b, M.bt + 2u * (k0 * s + n0));
+}
+
+// x's three bf16 pieces written to dst[0], dst[plane], dst[2 plane] (PLANES workspace rows).
+__device__ __forceinline__ void store_pieces(unsigned short* dst, int plane, float x) {
+    unsigned p1, p2, p3;
+    split3(x, 0.0f, p1, p2, p3);
+    dst[0] = (unsigned short)p1;
+    dst[plane] = (unsigned short)p2;
+    dst[2 * plane] = (unsigned short)p3;
+}

@@ -1,0 +1,291 @@
+// chunk_recurrent_regs: chunk_recurrent (the same stages: chunk_state + chunk_output with
+// recompute_w_u factored; the same inputs, outputs and non-finite rules) for bf16 inputs with
+// K <= 128, shaped so that the state never leaves the registers. One warp per 16 state columns,
+// VT / 16 warps per block of (sequence, value head, VT columns).
+// Why so shaped: a warp holds its K x 16 slice of the state transposed, h^T, as the accumulator
+// fragments of the product that updates it, and computes every product of the chunk transposed
+// (the 16 state columns are the M rows of m16n8k16). The accumulator fragment of a lane is its A
+// fragment (see a_from_acc), so each product's result is the next one's operand with no trip
+// through shared memory and no exchange between warps; the warps of a block share only the
+// staged rows of the chunk (one barrier per chunk).
+// Exact on bf16 tensor cores: an f32 operand is split into three bf16 pieces (see split3; 24
+// bits); bf16 inputs are exact. Input x f32 products take three passes (mma3), f32 x f32 six
+// (mma6). chunk_intra writes a_inv and p already split (PLANES: three bf16 planes per row), so
+// their operands are ldmatrix loads of staged rows.
+// Per chunk (tok: its 64 rows; d, rk, scale rq, D_last from chunk_intra's scal):
+//   KH^T    = h^T K^T
+//   R^T     = v^T - KH^T diag(d rk)
+//   v_new^T = R^T a_inv^T                       (a_inv lower triangular: 10 of 16 blocks)
+//   o^T     = (h^T Q^T) diag(scale rq d) + v_new^T p^T   (p lower triangular too)
+//   h^T     = d_last h^T + (v_new^T diag(rk D_last)) K
+// Non-finite inputs, as chunk_recurrent: lv is the first row marked by chunk_intra (NaN
+// scalings) or holding a non-finite v in this warp's columns; R is zeroed from lv on, the outputs
+// from lv on and the state leaving the chunk are NaN for these columns.
+#define THREADS (VT * 2)
+#define WARPS (VT / 16)
+#define C 64
+#define SK (DK + 8)      // K and Q rows (bf16): consecutive rows 4 banks apart, so the 8 rows of
+                         // an ldmatrix hit distinct banks
+#define SPL (3 * C + 8)  // a_inv and p rows: three planes of 64 side by side
+#define SVR (VT + 8)
+#define NDT (DK / 8)     // h^T as 16 x 8 tiles over K
+#define NTT (C / 8)      // 16 x 8 tiles over the chunk's rows
+typedef unsigned short u16;
+// Between the phases of a chunk: the compiler would otherwise keep row scalings loaded in one
+// phase alive in registers for the next (they are reread from shared memory instead).
+#define PHASE() asm volatile("" ::: "memory")
+
+struct RecParams {
+    u64 q, k, v, a_inv, p, scal;  // q, k, v bf16; a_inv, p bf16 planes; scal f32 (chunk_intra)
+    u64 h0;                       // [N, HV, K, V] f32, or 0
+    u64 o;                        // [tokens, HV, V] f32
+    u64 final_state;              // [N, HV, K, V] f32, or 0
+    u64 chunk_states;             // [chunks, HV, K, V] f32, or 0
+    u64 chunk_start, chunk_len, seq_first_chunk;  // i64
+    i64 seqs, h, hv;
+    int tiled;
+};
+
+struct Stage {
+    u16* K;       // [C][SK]
+    u16* Q;       // [C][SK]
+    u16* X;       // [C][SPL] a_inv planes
+    u16* Pm;      // [C][SPL] p planes
+    u16* Vr;      // [C][SVR] v, this block's columns
+    float4* sc;   // [C] row scalings
+};
+__device__ __forceinline__ size_t stage_bytes() {
+    return (size_t)2 * C * SK * 2 + (size_t)2 * C * SPL * 2 + (size_t)C * SVR * 2 + C * 16;
+}
+__device__ __forceinline__ Stage stage_at(unsigned char* base) {
+    Stage s;
+    s.sc = (float4*)base;
+    s.X = (u16*)(s.sc + C);
+    s.Pm = s.X + C * SPL;
+    s.K = s.Pm + C * SPL;
+    s.Q = s.K + C * SK;
+    s.Vr = s.Q + C * SK;
+    return s;
+}
+
+// Offset of state element (nd, e) of a lane from the lane's first one (row 2t, column g).
+__device__ __forceinline__ int state_at(int nd, int e) { return (8 * nd + (e & 1)) * DV + 8 * (e >> 1); }
+
+// acc = h^T M^T (16 x 64) for the chunk's staged rows M (K or Q, [C][SK] bf16).
+__device__ __forceinline__ void h_times(float (&acc)[NTT][4], const float (&hs)[NDT][4],
+                                        const SmemRows& M) {
+#pragma unroll
+    for (int a = 0; a < NTT; ++a)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[a][e] = 0.0f;
+#pragma unroll
+    for (int kb = 0; kb < DK / 16; ++kb) {
+        const APieces ah = a_from_acc(hs[2 * kb], hs[2 * kb + 1]);
+#pragma unroll
+        for (int nb = 0; nb < NTT; nb += 2) {
+            unsigned b[4];
+            ldsm_b(b, M, SK, 8 * nb, 16 * kb);
+            mma3(acc[nb], ah, b[0], b[1]);
+            mma3(acc[nb + 1], ah, b[2], b[3]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(const RecParams P) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const u16* __restrict__ q = (const u16*)P.q;
+    const u16* __restrict__ k = (const u16*)P.k;
+    const u16* __restrict__ v = (const u16*)P.v;
+    const u16* __restrict__ a_inv = (const u16*)P.a_inv;
+    const u16* __restrict__ pin = (const u16*)P.p;
+    const float4* __restrict__ scal = (const float4*)P.scal;
+    // h0 and final_state may be one buffer: each warp reads its slice of h0 before its first
+    // chunk and writes the same slice after its last.
+    const float* h0 = (const float*)P.h0;
+    float* __restrict__ o = (float*)P.o;
+    float* fin = (float*)P.final_state;
+    float* __restrict__ hst = (float*)P.chunk_states;
+    const i64* __restrict__ chunk_start = (const i64*)P.chunk_start;
+    const i64* __restrict__ chunk_len = (const i64*)P.chunk_len;
+    const i64* __restrict__ seq_first_chunk = (const i64*)P.seq_first_chunk;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const i64 hv = P.hv, tiles = DV / VT, kv = (i64)DK * DV;
+    // Fragment element e of tile nb: row (state column) g + 8 (e >> 1), column 8 nb + 2t + (e & 1).
+    const int cw = 16 * warp;
+
+    BLOCK_LOOP(item, P.seqs * hv * tiles) {
+        const i64 tile = item % tiles, rest = item / tiles;
+        const i64 j = rest % hv, n = rest / hv;
+        const i64 kh = qk_head(j, P.h, hv, P.tiled);
+        const i64 c0 = tile * VT;
+        // Queues chunk ci's rows into stage buffer b (rows past the chunk's end are zero).
+        auto issue = [&](i64 ci, int b) {
+            const Stage st = stage_at(smem_raw + b * stage_bytes());
+            const i64 start = chunk_start[ci];
+            const int len = (int)chunk_len[ci];
+            stage_rows<u16, DK>(st.K, SK, k + (start * P.h + kh) * DK, P.h * DK, len);
+            stage_rows<u16, DK>(st.Q, SK, q + (start * P.h + kh) * DK, P.h * DK, len);
+            stage_rows<u16, 3 * C>(st.X, SPL, a_inv + (start * hv + j) * (3 * C), hv * 3 * C, len);
+            stage_rows<u16, 3 * C>(st.Pm, SPL, pin + (start * hv + j) * (3 * C), hv * 3 * C, len);
+            stage_rows<u16, VT>(st.Vr, SVR, v + (start * hv + j) * DV + c0, hv * DV, len);
+            stage_rows<float, 4>((float*)st.sc, 4, (const float*)(scal + start * hv + j), hv * 4, len);
+            cp_async_commit();
+        };
+        // hs[nd][e] = h[8 nd + 2t + (e & 1)][c0 + cw + g + 8 (e >> 1)]: this lane's part of h^T,
+        // at offset state_at(nd, e) from the lane's first element.
+        const i64 sbase = (n * hv + j) * kv + c0 + cw + g + 2 * t * DV;
+        float hs[NDT][4];
+#pragma unroll
+        for (int nd = 0; nd < NDT; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) hs[nd][e] = h0 ? h0[sbase + state_at(nd, e)] : 0.0f;
+        __syncthreads();  // every warp is past the previous item's reads of the stage buffers
+        const i64 c_first = seq_first_chunk[n], c_end = seq_first_chunk[n + 1];
+        if (c_first < c_end) issue(c_first, 0);
+        for (i64 ci = c_first; ci < c_end; ++ci) {
+            const i64 start = chunk_start[ci];
+            const int len = (int)chunk_len[ci];
+            const int b = NBUF == 2 ? (int)((ci - c_first) & 1) : 0;
+            cp_async_wait<0>();
+            // This chunk's rows are visible to every warp, and every warp is past chunk ci - 1,
+            // the last reader of the other buffer.
+            __syncthreads();
+#if NBUF == 2
+            if (ci + 1 < c_end) issue(ci + 1, b ^ 1);
+#endif
+            const Stage st = stage_at(smem_raw + b * stage_bytes());
+            const SmemRows Kr = smem_rows(st.K, SK), Qr = smem_rows(st.Q, SK);
+            const SmemRows Xr = smem_rows(st.X, SPL), Pr = smem_rows(st.Pm, SPL);
+            if (hst) {
+                float* hp = hst + (ci * hv + j) * kv + c0 + cw + g + 2 * t * DV;
+#pragma unroll
+                for (int nd = 0; nd < NDT; ++nd)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) hp[state_at(nd, e)] = hs[nd][e];
+            }
+            // KH^T.
+            float kh_[NTT][4];
+            h_times(kh_, hs, Kr);
+            // R^T in place of KH^T; lv.
+            int bad = len;
+#pragma unroll
+            for (int nb = 0; nb < NTT; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = 8 * nb + 2 * t + (e & 1), cc = cw + g + 8 * (e >> 1);
+                    const float4 s = st.sc[r];
+                    const float vr = __uint_as_float(((unsigned)st.Vr[r * SVR + cc]) << 16);
+                    if (r < len && (isnan(s.w) || !isfinite(vr))) bad = min(bad, r);
+                    kh_[nb][e] = fmaf(-s.x, kh_[nb][e], vr);
+                }
+            const int lv = __reduce_min_sync(0xffffffffu, bad);
+            PHASE();
+            if (lv < len) {  // the same for the whole warp
+#pragma unroll
+                for (int nb = 0; nb < NTT; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (8 * nb + 2 * t + (e & 1) >= lv) kh_[nb][e] = 0.0f;
+            }
+            // v_new^T = R^T a_inv^T: block (rows 16m.., columns 16kb..) of a_inv is zero for kb > m.
+            float vn[NTT][4];
+#pragma unroll
+            for (int a = 0; a < NTT; ++a)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) vn[a][e] = 0.0f;
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) {
+                const APieces ar = a_from_acc(kh_[2 * kb], kh_[2 * kb + 1]);
+#pragma unroll
+                for (int m = kb; m < C / 16; ++m) {
+                    unsigned x[3][4];
+#pragma unroll
+                    for (int pl = 0; pl < 3; ++pl) ldsm_b(x[pl], Xr, SPL, 16 * m, 16 * kb + pl * C);
+                    const unsigned b0[3][2] = {{x[0][0], x[0][1]}, {x[1][0], x[1][1]}, {x[2][0], x[2][1]}};
+                    const unsigned b1[3][2] = {{x[0][2], x[0][3]}, {x[1][2], x[1][3]}, {x[2][2], x[2][3]}};
+                    mma6(vn[2 * m], ar, b0);
+                    mma6(vn[2 * m + 1], ar, b1);
+                }
+            }
+            // o^T = QH^T diag(scale rq d) + v_new^T p^T, p lower triangular as a_inv. (QH^T is
+            // formed here rather than beside KH^T, splitting h again: fewer live registers.)
+            PHASE();
+            float qh[NTT][4];
+            h_times(qh, hs, Qr);
+#pragma unroll
+            for (int nb = 0; nb < NTT; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) qh[nb][e] *= st.sc[8 * nb + 2 * t + (e & 1)].y;
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) {
+                const APieces an = a_from_acc(vn[2 * kb], vn[2 * kb + 1]);
+#pragma unroll
+                for (int m = kb; m < C / 16; ++m) {
+                    unsigned x[3][4];
+#pragma unroll
+                    for (int pl = 0; pl < 3; ++pl) ldsm_b(x[pl], Pr, SPL, 16 * m, 16 * kb + pl * C);
+                    const unsigned b0[3][2] = {{x[0][0], x[0][1]}, {x[1][0], x[1][1]}, {x[2][0], x[2][1]}};
+                    const unsigned b1[3][2] = {{x[0][2], x[0][3]}, {x[1][2], x[1][3]}, {x[2][2], x[2][3]}};
+                    mma6(qh[2 * m], an, b0);
+                    mma6(qh[2 * m + 1], an, b1);
+                }
+            }
+            {
+                // Row stride of o, opaque here so that the 16 row offsets are formed at the
+                // stores rather than hoisted out of the loop into 32 live registers.
+                i64 rs = hv * DV;
+                asm volatile("" : "+l"(rs));
+                float* op = o + ((start + 2 * t) * hv + j) * DV + c0 + cw + g;
+#pragma unroll
+                for (int nb = 0; nb < NTT; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = 8 * nb + 2 * t + (e & 1);
+                        if (r < len)
+                            op[(8 * nb + (e & 1)) * rs + 8 * (e >> 1)] =
+                                r < lv ? qh[nb][e] : __int_as_float(0x7fc00000);
+                    }
+            }
+            PHASE();
+            // h^T = d_last h^T + (v_new^T diag(rk D_last)) K.
+            const float d_last = st.sc[len - 1].w;
+#pragma unroll
+            for (int nd = 0; nd < NDT; ++nd)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) hs[nd][e] *= d_last;
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) {
+                float w0[4], w1[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    w0[e] = vn[2 * kb][e] * st.sc[16 * kb + 2 * t + (e & 1)].z;
+                    w1[e] = vn[2 * kb + 1][e] * st.sc[16 * kb + 8 + 2 * t + (e & 1)].z;
+                }
+                const APieces aw = a_from_acc(w0, w1);
+#pragma unroll
+                for (int nd = 0; nd < NDT; nd += 2) {
+                    unsigned bk[4];
+                    ldsm_bt(bk, Kr, SK, 16 * kb, 8 * nd);
+                    mma3(hs[nd], aw, bk[0], bk[1]);
+                    mma3(hs[nd + 1], aw, bk[2], bk[3]);
+                }
+            }
+            if (lv < len) {
+#pragma unroll
+                for (int nd = 0; nd < NDT; ++nd)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) hs[nd][e] = __int_as_float(0x7fc00000);
+            }
+#if NBUF == 1
+            __syncthreads();  // every warp is done with the buffer before it is refilled
+            if (ci + 1 < c_end) issue(ci + 1, 0);
+#endif
+        }
+        if (fin) {
+#pragma unroll
+            for (int nd = 0; nd < NDT; ++nd)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) fin[sbase + state_at(nd, e)] = hs[nd][e];
+        }
+    }
+}
