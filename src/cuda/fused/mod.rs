@@ -192,7 +192,8 @@ impl Config {
             Kernel::ChunkRecurrentRegs => {
                 let (sk, spl, svr) = (self.dk + 8, 3 * CHUNK + 8, self.vt + 8);
                 let stage = (2 * CHUNK * sk + 2 * CHUNK * spl + CHUNK * svr) * 2 + CHUNK * 16;
-                self.nbuf * stage
+                // Each warp's K x 16 f32 state slice after the stage buffers.
+                self.nbuf * stage + (self.vt / 16) * self.dk * 16 * 4
             }
         }
     }

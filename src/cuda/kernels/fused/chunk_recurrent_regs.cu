@@ -72,7 +72,7 @@ __device__ __forceinline__ Stage stage_at(unsigned char* base) {
 __device__ __forceinline__ int state_at(int nd, int e) { return (8 * nd + (e & 1)) * DV + 8 * (e >> 1); }
 
 // acc = h^T M^T (16 x 64) for the chunk's staged rows M (K or Q, [C][SK] bf16).
-__device__ __forceinline__ void h_times(float (&acc)[NTT][4], const float (&hs)[NDT][4],
+__device__ __forceinline__ void h_times(float (&acc)[NTT][4], const float4* hs,
                                         const SmemRows& M) {
 #pragma unroll
     for (int a = 0; a < NTT; ++a)
@@ -80,7 +80,9 @@ __device__ __forceinline__ void h_times(float (&acc)[NTT][4], const float (&hs)[
         for (int e = 0; e < 4; ++e) acc[a][e] = 0.0f;
 #pragma unroll
     for (int kb = 0; kb < DK / 16; ++kb) {
-        const APieces ah = a_from_acc(hs[2 * kb], hs[2 * kb + 1]);
+        const float4 x0 = hs[2 * kb * 32], x1 = hs[(2 * kb + 1) * 32];
+        const float f0[4] = {x0.x, x0.y, x0.z, x0.w}, f1[4] = {x1.x, x1.y, x1.z, x1.w};
+        const APieces ah = a_from_acc(f0, f1);
 #pragma unroll
         for (int nb = 0; nb < NTT; nb += 2) {
             unsigned b[4];
@@ -112,6 +114,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
     const i64 hv = P.hv, tiles = DV / VT, kv = (i64)DK * DV;
     // Fragment element e of tile nb: row (state column) g + 8 (e >> 1), column 8 nb + 2t + (e & 1).
     const int cw = 16 * warp;
+    // This warp's state slice (see hs below), after the stage buffers.
+    float4* hs = (float4*)(smem_raw + NBUF * stage_bytes()) + warp * (NDT * 32) + lane;
 
     BLOCK_LOOP(item, P.seqs * hv * tiles) {
         const i64 tile = item % tiles, rest = item / tiles;
@@ -131,15 +135,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             stage_rows<float, 4>((float*)st.sc, 4, (const float*)(scal + start * hv + j), hv * 4, len);
             cp_async_commit();
         };
-        // hs[nd][e] = h[8 nd + 2t + (e & 1)][c0 + cw + g + 8 (e >> 1)]: this lane's part of h^T,
-        // at offset state_at(nd, e) from the lane's first element.
+        // hs[32 nd] = {h[8 nd + 2t + (e & 1)][c0 + cw + g + 8 (e >> 1)] : e < 4}: this lane's
+        // accumulator fragment of tile nd of h^T (element e at offset state_at(nd, e) from the
+        // lane's first element in the state layout).
         const i64 sbase = (n * hv + j) * kv + c0 + cw + g + 2 * t * DV;
-        float hs[NDT][4];
 #pragma unroll
-        for (int nd = 0; nd < NDT; ++nd)
+        for (int nd = 0; nd < NDT; ++nd) {
+            float x[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) hs[nd][e] = h0 ? h0[sbase + state_at(nd, e)] : 0.0f;
+            for (int e = 0; e < 4; ++e) x[e] = h0 ? h0[sbase + state_at(nd, e)] : 0.0f;
+            hs[32 * nd] = make_float4(x[0], x[1], x[2], x[3]);
+        }
         __syncthreads();  // every warp is past the previous item's reads of the stage buffers
+
         const i64 c_first = seq_first_chunk[n], c_end = seq_first_chunk[n + 1];
         if (c_first < c_end) issue(c_first, 0);
         for (i64 ci = c_first; ci < c_end; ++ci) {
@@ -159,9 +167,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             if (hst) {
                 float* hp = hst + (ci * hv + j) * kv + c0 + cw + g + 2 * t * DV;
 #pragma unroll
-                for (int nd = 0; nd < NDT; ++nd)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) hp[state_at(nd, e)] = hs[nd][e];
+                for (int nd = 0; nd < NDT; ++nd) {
+                    const float4 x = hs[32 * nd];
+                    hp[state_at(nd, 0)] = x.x;
+                    hp[state_at(nd, 1)] = x.y;
+                    hp[state_at(nd, 2)] = x.z;
+                    hp[state_at(nd, 3)] = x.w;
+                }
             }
             // KH^T.
             float kh_[NTT][4];
@@ -248,11 +260,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             }
             PHASE();
             // h^T = d_last h^T + (v_new^T diag(rk D_last)) K.
-            const float d_last = st.sc[len - 1].w;
-#pragma unroll
-            for (int nd = 0; nd < NDT; ++nd)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) hs[nd][e] *= d_last;
+            const float d_last = lv < len ? __int_as_float(0x7fc00000) : st.sc[len - 1].w;
+            APieces aw[C / 16];
 #pragma unroll
             for (int kb = 0; kb < C / 16; ++kb) {
                 float w0[4], w1[4];
@@ -261,20 +270,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     w0[e] = vn[2 * kb][e] * st.sc[16 * kb + 2 * t + (e & 1)].z;
                     w1[e] = vn[2 * kb + 1][e] * st.sc[16 * kb + 8 + 2 * t + (e & 1)].z;
                 }
-                const APieces aw = a_from_acc(w0, w1);
+                aw[kb] = a_from_acc(w0, w1);
+            }
 #pragma unroll
-                for (int nd = 0; nd < NDT; nd += 2) {
+            for (int nd = 0; nd < NDT; nd += 2) {
+                float h[2][4];
+#pragma unroll
+                for (int x = 0; x < 2; ++x) {
+                    const float4 y = hs[32 * (nd + x)];
+                    h[x][0] = y.x * d_last;
+                    h[x][1] = y.y * d_last;
+                    h[x][2] = y.z * d_last;
+                    h[x][3] = y.w * d_last;
+                }
+#pragma unroll
+                for (int kb = 0; kb < C / 16; ++kb) {
                     unsigned bk[4];
                     ldsm_bt(bk, Kr, SK, 16 * kb, 8 * nd);
-                    mma3(hs[nd], aw, bk[0], bk[1]);
-                    mma3(hs[nd + 1], aw, bk[2], bk[3]);
+                    mma3(h[0], aw[kb], bk[0], bk[1]);
+                    mma3(h[1], aw[kb], bk[2], bk[3]);
                 }
-            }
-            if (lv < len) {
 #pragma unroll
-                for (int nd = 0; nd < NDT; ++nd)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) hs[nd][e] = __int_as_float(0x7fc00000);
+                for (int x = 0; x < 2; ++x) hs[32 * (nd + x)] = make_float4(h[x][0], h[x][1], h[x][2], h[x][3]);
             }
 #if NBUF == 1
             __syncthreads();  // every warp is done with the buffer before it is refilled
@@ -285,7 +302,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #pragma unroll
             for (int nd = 0; nd < NDT; ++nd)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) fin[sbase + state_at(nd, e)] = hs[nd][e];
+                for (int e = 0; e < 4; ++e) fin[sbase + state_at(nd, e)] = (&hs[32 * nd].x)[e];
         }
     }
 }
