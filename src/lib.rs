@@ -51,7 +51,7 @@ pub use dtype::{DType, Data, Tensor};
 pub use error::{Error, Result};
 pub use forward::{activate, chunk_forward, Activated, ForwardOut};
 pub use host::{upload_inputs, HostIo};
-pub use options::{HeadMap, Options, CHUNK_SIZES};
+pub use options::{HeadMap, Options, Precision, CHUNK_SIZES};
 pub use problem::{Chunk, Dims, Inputs, Problem};
 
 /// Where the computation runs.

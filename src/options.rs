@@ -28,6 +28,33 @@ impl std::str::FromStr for HeadMap {
     }
 }
 
+/// How exactly the GPU prefill computes its products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// Every product to f32 rounding (relative error about 1e-6 against float64): f32 operands
+    /// split into bf16 pieces on the tensor cores, or f32 arithmetic.
+    #[default]
+    Exact,
+    /// bf16 operands with f32 accumulation where the fused GPU kernel for bf16 inputs runs
+    /// (relative error about 1e-3, as FLA's kernels); elsewhere the same as `Exact`.
+    Fast,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "exact" => Ok(Precision::Exact),
+            "fast" => Ok(Precision::Fast),
+            _ => Err(Error::invalid(
+                "precision",
+                "\"exact\" or \"fast\"",
+                format!("{s:?}"),
+            )),
+        }
+    }
+}
+
 /// Options of the forward and the recurrent step. `Options::default()` is FLA's default call,
 /// except that the final state is returned (`output_final_state: true`).
 #[derive(Clone, Debug, PartialEq)]
@@ -55,6 +82,8 @@ pub struct Options {
     pub output_chunk_states: bool,
     /// The output's element type; `None` means the input's (FLA's convention).
     pub out_dtype: Option<DType>,
+    /// Exact (the default) or fast products; see [`Precision`].
+    pub precision: Precision,
 }
 
 impl Default for Options {
@@ -71,6 +100,7 @@ impl Default for Options {
             output_final_state: true,
             output_chunk_states: false,
             out_dtype: None,
+            precision: Precision::Exact,
         }
     }
 }

@@ -7,9 +7,9 @@ export PATH=/usr/local/cuda/bin:$PATH
 S='1,32768,16,32,128,128;1,65536,16,32,128,128;8,8192,16,32,128,128;1,2048,16,32,128,128'
 run() { local name=$1; shift; echo "== $name: $*"; ( time timeout "$@" ) > $OUT/$name.txt 2>&1; echo "rc=$?" >> $OUT/$name.txt; tail -3 $OUT/$name.txt; }
 run time_auto 60 env DELTANET_FUSED_TIME="$S" ./fused_test --ignored fused_time --nocapture
-run fused 150 env DELTANET_FUSED_CASES=6 ./fused_test fused_equals --nocapture
-run time_vt32 40 env DELTANET_FUSED_VT=32 DELTANET_FUSED_TIME="$S" ./fused_test --ignored fused_time --nocapture
-run time_vt64 40 env DELTANET_FUSED_VT=64 DELTANET_FUSED_TIME="$S" ./fused_test --ignored fused_time --nocapture
+run fused 150 env DELTANET_FUSED_CASES=5 ./fused_test fused_equals --nocapture
+run time_fast1 40 env DELTANET_FUSED_PIECES=1 DELTANET_FUSED_TIME="$S" ./fused_test --ignored fused_time --nocapture
+run time_fast2 40 env DELTANET_FUSED_PIECES=2 DELTANET_FUSED_TIME="$S" ./fused_test --ignored fused_time --nocapture
 
 run time_old 60 env DELTANET_FUSED_REGS=0 DELTANET_FUSED_TIME="$S" ./fused_test --ignored fused_time --nocapture
 run nonfinite 40 env DELTANET_FUSED_CASES=12 ./fused_test fused_keeps_non_finite --nocapture
@@ -19,7 +19,4 @@ cd ../..
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/fla/*.whl > /dev/null 2>&1; export PYTHONPATH=/tmp/site
 timeout 60 python3 .gpu/anchors.py --impl fla --shapes "$S" --json $OUT/fla.json > $OUT/fla.txt 2>&1
 tail -5 $OUT/fla.txt
-cd .dev/all
-run fracecheck 80 compute-sanitizer --tool racecheck --error-exitcode 9 env DELTANET_FUSED_CASES=1 ./fused_test fused_equals --nocapture
-run fmemcheck 50 compute-sanitizer --tool memcheck --error-exitcode 9 env DELTANET_FUSED_CASES=2 ./fused_test fused_keeps_non_finite --nocapture
-grep -h -E "test result|ERROR SUMMARY|RACECHECK SUMMARY|poisoned|worst|median|panicked" $OUT/*.txt
+grep -h -E "test result|poisoned|worst|median|panicked" $OUT/*.txt

@@ -21,6 +21,7 @@ all raises ``TypeError``.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -197,6 +198,18 @@ def _call(
         raise ValueError(
             f"precision: expected one of {', '.join(map(repr, _PRECISIONS))}, got {precision!r}"
         )
+    if "transpose_state_layout" in kwargs:
+        # FLA's former name of state_v_first: FLA warns and takes it, and refuses both at once.
+        if kwargs.get("state_v_first", False):
+            raise ValueError(
+                "transpose_state_layout: the deprecated name of state_v_first; pass only state_v_first"
+            )
+        warnings.warn(
+            "`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        kwargs = dict(kwargs, state_v_first=kwargs["transpose_state_layout"])
     gate_in_kernel = _flag("use_gate_in_kernel", kwargs.get("use_gate_in_kernel", False))
     a_log = kwargs.get("A_log")
     dt_bias = kwargs.get("dt_bias")
@@ -281,7 +294,8 @@ def chunk_gated_delta_rule(
         allow_neg_eigval: with it, beta is ``2 sigmoid(beta)``.
         use_gate_in_kernel, A_log, dt_bias: g is ``-exp(A_log) softplus(g + dt_bias)``
             (``[HV]`` each; dt_bias may be None).
-        state_v_first: states are ``[N, HV, V, K]``.
+        state_v_first: states are ``[N, HV, V, K]``. FLA's deprecated name for it,
+            ``transpose_state_layout``, is taken too, with a ``DeprecationWarning`` (as FLA does).
         chunk_size: 16, 32 or 64 (default 64); the result does not depend on it beyond f32
             rounding.
         head_map: ``"grouped"`` (value head j reads q/k head ``j // (HV/H)``, FLA) or

@@ -240,6 +240,21 @@ def test_decode_continues_prefill():
     assert rel(state, final_all) < TOL
 
 
+@pytest.mark.parametrize("fn", ["chunk", "recurrent"])
+def test_transpose_state_layout_is_state_v_first(fn):
+    """FLA's deprecated name of state_v_first is taken as FLA takes it: with a
+    DeprecationWarning, and refused beside state_v_first."""
+    (q, k, v, g, beta), call, _ = option_case("state_v_first")
+    h0 = call["initial_state"]
+    want = FNS[fn](q, k, v, g, beta, initial_state=h0, output_final_state=True, state_v_first=True)
+    with pytest.warns(DeprecationWarning, match="transpose_state_layout"):
+        got = FNS[fn](q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                      transpose_state_layout=True)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    with pytest.raises(ValueError, match=r"^transpose_state_layout:"):
+        FNS[fn](q, k, v, g, beta, state_v_first=True, transpose_state_layout=True)
+
+
 def test_recurrent_defaults_g_and_beta():
     """As in FLA, the recurrence's g may be None (no decay) and beta None (ones)."""
     q, k, v, _, _ = problem(T=9)

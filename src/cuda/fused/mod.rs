@@ -116,6 +116,9 @@ pub struct Config {
     /// `chunk_recurrent_regs` (and `chunk_intra` writing split `a_inv` and `p` for it) instead
     /// of `chunk_recurrent`: bf16 inputs, K <= 128 only.
     pub regs: bool,
+    /// bf16 pieces per f32 operand in `chunk_recurrent_regs` (and the `a_inv`, `p` planes):
+    /// 3 exact, 1 or 2 fast.
+    pub pieces: usize,
 }
 
 impl Config {
@@ -127,7 +130,7 @@ impl Config {
         };
         format!(
             "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
-             #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n",
+             #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -136,7 +139,8 @@ impl Config {
             self.nbuf,
             i32::from(self.wide),
             self.threads(Kernel::ChunkRecurrent),
-            i32::from(self.regs)
+            i32::from(self.regs),
+            self.pieces
         )
     }
 
@@ -157,7 +161,7 @@ impl Config {
     /// Bytes of one `a_inv` (or `p`) row in the workspace: 64 f32, or three bf16 planes of 64.
     fn row_bytes(&self) -> usize {
         if self.regs {
-            3 * CHUNK * 2
+            self.pieces * CHUNK * 2
         } else {
             CHUNK * 4
         }
@@ -190,7 +194,7 @@ impl Config {
                 (self.dk * sv + 2 * CHUNK * sv) * 4 + 16 + self.nbuf * stage
             }
             Kernel::ChunkRecurrentRegs => {
-                let (sk, spl, svr) = (self.dk + 8, 3 * CHUNK + 8, self.vt + 8);
+                let (sk, spl, svr) = (self.dk + 8, self.pieces * CHUNK + 8, self.vt + 8);
                 let stage = (2 * CHUNK * sk + 2 * CHUNK * spl + CHUNK * svr) * 2 + CHUNK * 16;
                 // Each warp's K x 16 f32 state slice after the stage buffers.
                 self.nbuf * stage + (self.vt / 16) * self.dk * 16 * 4
@@ -241,6 +245,7 @@ pub fn standard_configs() -> Vec<Config> {
         nbuf,
         wide,
         regs: false,
+        pieces: 3,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -254,9 +259,10 @@ pub fn standard_configs() -> Vec<Config> {
             v.push(config(dk, dv, 32, dtype, 1, false));
         }
     }
-    for (dk, vt) in [(128, 32), (128, 128), (64, 64)] {
+    for (dk, vt, pieces) in [(128, 32, 3), (128, 128, 3), (64, 64, 3), (128, 32, 1)] {
         v.push(Config {
             regs: true,
+            pieces,
             ..config(dk, 128, vt, DType::BF16, 2, false)
         });
     }
@@ -273,7 +279,7 @@ pub fn supported(dev: &CudaDevice, p: &Problem, opts: &Options) -> bool {
         return false;
     }
     // f32 inputs need the most shared memory; every tuning falls back to what fits there.
-    let cfg = config(dev, p, DType::F32, &Tuning::default());
+    let cfg = config(dev, p, opts, DType::F32, &Tuning::default());
     cfg.kernels()
         .iter()
         .all(|&k| cfg.shared_bytes(k) <= dev.max_shared_per_block())
@@ -324,6 +330,9 @@ pub struct Tuning {
     pub fma: bool,
     /// `chunk_recurrent_regs` where it applies (bf16 inputs, K <= 128); by default taken there.
     pub regs: Option<bool>,
+    /// bf16 pieces per f32 operand there (1..=3); by default 3, or 1 with
+    /// [`crate::Precision::Fast`].
+    pub pieces: Option<usize>,
 }
 
 impl Tuning {
@@ -344,12 +353,19 @@ impl Tuning {
             wide: flag("DELTANET_FUSED_WIDE"),
             fma: std::env::var("DELTANET_FUSED_MMA").is_ok_and(|v| v == "0"),
             regs: flag("DELTANET_FUSED_REGS"),
+            pieces: num("DELTANET_FUSED_PIECES"),
         }
     }
 }
 
-fn config(dev: &CudaDevice, p: &Problem, dtype: DType, tuning: &Tuning) -> Config {
-    if let Some(cfg) = regs_config(dev, p, dtype, tuning) {
+fn config(
+    dev: &CudaDevice,
+    p: &Problem,
+    opts: &Options,
+    dtype: DType,
+    tuning: &Tuning,
+) -> Config {
+    if let Some(cfg) = regs_config(dev, p, opts, dtype, tuning) {
         return cfg;
     }
     let dv = p.dv();
@@ -381,6 +397,7 @@ fn config(dev: &CudaDevice, p: &Problem, dtype: DType, tuning: &Tuning) -> Confi
         nbuf: if tuning.nbuf == Some(1) { 1 } else { 2 },
         wide,
         regs: false,
+        pieces: 3,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -397,7 +414,13 @@ fn config(dev: &CudaDevice, p: &Problem, dtype: DType, tuning: &Tuning) -> Confi
 /// inputs, K <= 128, tensor cores. Columns per block: 16 per warp, the most warps (up to 8)
 /// whose blocks still number about one per SM or more (its shared memory holds one block per
 /// SM; fewer, wider blocks share each chunk's staged rows among more warps).
-fn regs_config(dev: &CudaDevice, p: &Problem, dtype: DType, tuning: &Tuning) -> Option<Config> {
+fn regs_config(
+    dev: &CudaDevice,
+    p: &Problem,
+    opts: &Options,
+    dtype: DType,
+    tuning: &Tuning,
+) -> Option<Config> {
     let (dk, dv) = (p.dk(), p.dv());
     if dtype != DType::BF16 || dk > 128 || tuning.fma || tuning.regs == Some(false) {
         return None;
@@ -420,6 +443,11 @@ fn regs_config(dev: &CudaDevice, p: &Problem, dtype: DType, tuning: &Tuning) -> 
         nbuf: if tuning.nbuf == Some(1) { 1 } else { 2 },
         wide: false,
         regs: true,
+        pieces: match tuning.pieces {
+            Some(n @ 1..=3) => n,
+            _ if opts.precision == crate::Precision::Fast => 1,
+            _ => 3,
+        },
     };
     let max = dev.max_shared_per_block();
     if cfg.shared_bytes(Kernel::ChunkRecurrentRegs) > max {
@@ -608,7 +636,7 @@ pub(crate) fn forward_with_tables(
             ));
         }
     }
-    let cfg = config(dev, p, io.dtype, tuning);
+    let cfg = config(dev, p, opts, io.dtype, tuning);
     let hv = p.v_heads();
     let tokens = p.tokens();
     let chunks = p.chunks().len();

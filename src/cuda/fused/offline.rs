@@ -127,7 +127,11 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
                 cfg.vt,
                 cfg.dtype.name(),
                 if cfg.wide { "_wide" } else { "" },
-                if cfg.regs { "_planes" } else { "" }
+                if cfg.regs {
+                    format!("_pieces{}", cfg.pieces)
+                } else {
+                    String::new()
+                }
             );
             let text = format!("{}{COMMON}\n{MMA}\n{}", cfg.defines(), kernel.text());
             out.push(compile(&name, &text, arch, &options(arch, &[]))?);

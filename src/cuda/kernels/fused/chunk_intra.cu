@@ -7,8 +7,8 @@
 //   scal[i]     = { d_i rk_i, scale rq_i d_i, rk_i D_last,i, d_i }          (4 f32)
 // with rk, rq = 1/|k|, 1/|q| (or 1 without l2norm), d_i the decay from the chunk start to i and
 // D_il from l to i (Gamma's semantics: exp of differences of gamma + lo, 0 across a reset).
-// With PLANES (for chunk_recurrent_regs) a_inv and p rows are written as their three bf16
-// pieces (see split3), planes of 64 side by side: 192 bf16 per row.
+// With PLANES (for chunk_recurrent_regs) a_inv and p rows are written as their PIECES bf16
+// pieces (see split3), planes of 64 side by side: 64 PIECES bf16 per row.
 // Why so: w = A_inv (beta d k_hat) and u = A_inv (beta v) are never formed. The recurrent kernel
 // computes v_new = a_inv (v - diag(d rk) K h), the same value with 64 instead of K + V values
 // per token written here, and K h needs the keys it reads anyway.
@@ -167,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
                     if (r < len) {
                         const float pv = valid ? P.scale * rq[r] * rk[l] * sq[a][e] * dec : 0.0f;
 #if PLANES
-                        store_pieces((unsigned short*)P.p + ((start + r) * hv + j) * (3 * C) + l, C, pv);
+                        store_pieces((unsigned short*)P.p + ((start + r) * hv + j) * (PIECES * C) + l, C, pv);
 #else
                         pout[((start + r) * hv + j) * C + l] = pv;
 #endif
@@ -211,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
             const int r = e / C, l = e % C;
             const float x = r < lenf ? Xs[r * SA_ + l] * bet[l] : 0.0f;
 #if PLANES
-            store_pieces((unsigned short*)P.a_inv + ((start + r) * hv + j) * (3 * C) + l, C, x);
+            store_pieces((unsigned short*)P.a_inv + ((start + r) * hv + j) * (PIECES * C) + l, C, x);
 #else
             a_inv[((start + r) * hv + j) * C + l] = x;
 #endif

@@ -10,7 +10,9 @@
 // staged rows of the chunk (one barrier per chunk).
 // Exact on bf16 tensor cores: an f32 operand is split into three bf16 pieces (see split3; 24
 // bits); bf16 inputs are exact. Input x f32 products take three passes (mma3), f32 x f32 six
-// (mma6). chunk_intra writes a_inv and p already split (PLANES: three bf16 planes per row), so
+// (mma6). With PIECES = 1 or 2 (the fast precision) the f32 operands are rounded to one or two
+// pieces and the products take one, or two and three, passes.
+// chunk_intra writes a_inv and p already split (PLANES: PIECES bf16 planes per row), so
 // their operands are ldmatrix loads of staged rows.
 // Per chunk (tok: its 64 rows; d, rk, scale rq, D_last from chunk_intra's scal):
 //   KH^T    = h^T K^T
@@ -26,7 +28,7 @@
 #define C 64
 #define SK (DK + 8)      // K and Q rows (bf16): consecutive rows 4 banks apart, so the 8 rows of
                          // an ldmatrix hit distinct banks
-#define SPL (3 * C + 8)  // a_inv and p rows: three planes of 64 side by side
+#define SPL (PIECES * C + 8)  // a_inv and p rows: PIECES planes of 64 side by side
 #define SVR (VT + 8)
 #define NDT (DK / 8)     // h^T as 16 x 8 tiles over K
 #define NTT (C / 8)      // 16 x 8 tiles over the chunk's rows
@@ -129,8 +131,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             const int len = (int)chunk_len[ci];
             stage_rows<u16, DK>(st.K, SK, k + (start * P.h + kh) * DK, P.h * DK, len);
             stage_rows<u16, DK>(st.Q, SK, q + (start * P.h + kh) * DK, P.h * DK, len);
-            stage_rows<u16, 3 * C>(st.X, SPL, a_inv + (start * hv + j) * (3 * C), hv * 3 * C, len);
-            stage_rows<u16, 3 * C>(st.Pm, SPL, pin + (start * hv + j) * (3 * C), hv * 3 * C, len);
+            stage_rows<u16, PIECES * C>(st.X, SPL, a_inv + (start * hv + j) * (PIECES * C), hv * PIECES * C, len);
+            stage_rows<u16, PIECES * C>(st.Pm, SPL, pin + (start * hv + j) * (PIECES * C), hv * PIECES * C, len);
             stage_rows<u16, VT>(st.Vr, SVR, v + (start * hv + j) * DV + c0, hv * DV, len);
             stage_rows<float, 4>((float*)st.sc, 4, (const float*)(scal + start * hv + j), hv * 4, len);
             cp_async_commit();
@@ -210,11 +212,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 const APieces ar = a_from_acc(kh_[2 * kb], kh_[2 * kb + 1]);
 #pragma unroll
                 for (int m = kb; m < C / 16; ++m) {
-                    unsigned x[3][4];
+                    unsigned x[PIECES][4], b0[PIECES][2], b1[PIECES][2];
 #pragma unroll
-                    for (int pl = 0; pl < 3; ++pl) ldsm_b(x[pl], Xr, SPL, 16 * m, 16 * kb + pl * C);
-                    const unsigned b0[3][2] = {{x[0][0], x[0][1]}, {x[1][0], x[1][1]}, {x[2][0], x[2][1]}};
-                    const unsigned b1[3][2] = {{x[0][2], x[0][3]}, {x[1][2], x[1][3]}, {x[2][2], x[2][3]}};
+                    for (int pl = 0; pl < PIECES; ++pl) {
+                        ldsm_b(x[pl], Xr, SPL, 16 * m, 16 * kb + pl * C);
+                        b0[pl][0] = x[pl][0];
+                        b0[pl][1] = x[pl][1];
+                        b1[pl][0] = x[pl][2];
+                        b1[pl][1] = x[pl][3];
+                    }
                     mma6(vn[2 * m], ar, b0);
                     mma6(vn[2 * m + 1], ar, b1);
                 }
@@ -233,11 +239,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 const APieces an = a_from_acc(vn[2 * kb], vn[2 * kb + 1]);
 #pragma unroll
                 for (int m = kb; m < C / 16; ++m) {
-                    unsigned x[3][4];
+                    unsigned x[PIECES][4], b0[PIECES][2], b1[PIECES][2];
 #pragma unroll
-                    for (int pl = 0; pl < 3; ++pl) ldsm_b(x[pl], Pr, SPL, 16 * m, 16 * kb + pl * C);
-                    const unsigned b0[3][2] = {{x[0][0], x[0][1]}, {x[1][0], x[1][1]}, {x[2][0], x[2][1]}};
-                    const unsigned b1[3][2] = {{x[0][2], x[0][3]}, {x[1][2], x[1][3]}, {x[2][2], x[2][3]}};
+                    for (int pl = 0; pl < PIECES; ++pl) {
+                        ldsm_b(x[pl], Pr, SPL, 16 * m, 16 * kb + pl * C);
+                        b0[pl][0] = x[pl][0];
+                        b0[pl][1] = x[pl][1];
+                        b1[pl][0] = x[pl][2];
+                        b1[pl][1] = x[pl][3];
+                    }
                     mma6(qh[2 * m], an, b0);
                     mma6(qh[2 * m + 1], an, b1);
                 }

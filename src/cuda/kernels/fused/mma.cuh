@@ -217,10 +217,15 @@ __device__ __forceinline__ void warp_mma_x(float (&acc)[NA][NT][4], FA0 a_at0, F
 #endif
 }
 
-// --- bf16 tensor-core products with f32 operands split into three bf16 pieces ---
+// --- bf16 tensor-core products with f32 operands split into bf16 pieces ---
 // x = x1 + x2 + x3, each piece x rounded to bf16 (8 significant bits) minus the pieces before:
 // every difference is exact, so the three carry x's 24 bits (exact for normal x). An input
-// already in bf16 is its own single piece.
+// already in bf16 is its own single piece. PIECES (3 unless defined) is how many pieces of an
+// f32 operand the products use: 3 is the exact precision; 1 (bf16 operands, as FLA) and 2
+// (about 16 bits) are the fast ones.
+#ifndef PIECES
+#define PIECES 3
+#endif
 
 // Two f32 rounded to bf16 and packed, `lo` in the low half (the A/B register order of mma).
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
@@ -231,16 +236,21 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 __device__ __forceinline__ float bf16_lo(unsigned p) { return __uint_as_float(p << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned p) { return __uint_as_float(p & 0xffff0000u); }
 
-// The pieces of (x0, x1) as three packed pairs.
+// The first PIECES pieces of (x0, x1) as packed pairs (p[i] piece i + 1).
 __device__ __forceinline__ void split3(float x0, float x1, unsigned& p1, unsigned& p2,
                                        unsigned& p3) {
     p1 = pack_bf16(x0, x1);
-    x0 -= bf16_lo(p1);
-    x1 -= bf16_hi(p1);
-    p2 = pack_bf16(x0, x1);
-    x0 -= bf16_lo(p2);
-    x1 -= bf16_hi(p2);
-    p3 = pack_bf16(x0, x1);
+    p2 = p3 = 0u;
+    if (PIECES > 1) {
+        x0 -= bf16_lo(p1);
+        x1 -= bf16_hi(p1);
+        p2 = pack_bf16(x0, x1);
+    }
+    if (PIECES > 2) {
+        x0 -= bf16_lo(p2);
+        x1 -= bf16_hi(p2);
+        p3 = pack_bf16(x0, x1);
+    }
 }
 
 // An A operand (16 x 16) in three pieces.
@@ -268,20 +278,26 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], 
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// c += a b with a split (three pieces) and b exact in bf16: three passes, small pieces first.
+// c += a b with a split and b exact in bf16: one pass per piece, small pieces first.
 __device__ __forceinline__ void mma3(float (&c)[4], const APieces& a, unsigned b0, unsigned b1) {
-    mma_bf16(c, a.p[2], b0, b1);
-    mma_bf16(c, a.p[1], b0, b1);
+    if (PIECES > 2) mma_bf16(c, a.p[2], b0, b1);
+    if (PIECES > 1) mma_bf16(c, a.p[1], b0, b1);
     mma_bf16(c, a.p[0], b0, b1);
 }
-// c += a b with both split: the six piece products whose orders add to at most 4 (the dropped
-// three are below 2^-25 relative), small ones first. b[i] = {b0, b1} of piece i.
-__device__ __forceinline__ void mma6(float (&c)[4], const APieces& a, const unsigned (&b)[3][2]) {
+// c += a b with both split: the piece products whose orders add to at most PIECES + 1 (with
+// three pieces six products; the dropped three are below 2^-25 relative), small ones first.
+// b[i] = {b0, b1} of piece i.
+__device__ __forceinline__ void mma6(float (&c)[4], const APieces& a,
+                                     const unsigned (&b)[PIECES][2]) {
+#if PIECES > 2
     mma_bf16(c, a.p[2], b[0][0], b[0][1]);
     mma_bf16(c, a.p[1], b[1][0], b[1][1]);
     mma_bf16(c, a.p[0], b[2][0], b[2][1]);
+#endif
+#if PIECES > 1
     mma_bf16(c, a.p[1], b[0][0], b[0][1]);
     mma_bf16(c, a.p[0], b[1][0], b[1][1]);
+#endif
     mma_bf16(c, a.p[0], b[0][0], b[0][1]);
 }
 
@@ -329,11 +345,10 @@ __device__ __forceinline__ void ldsm_bt(unsigned (&b)[4], const SmemRows& M, int
     ldsm_x4_t(b, M.bt + 2u * (k0 * s + n0));
 }
 
-// x's three bf16 pieces written to dst[0], dst[plane], dst[2 plane] (PLANES workspace rows).
+// x's PIECES bf16 pieces written to dst[0], dst[plane], .. (PLANES workspace rows).
 __device__ __forceinline__ void store_pieces(unsigned short* dst, int plane, float x) {
-    unsigned p1, p2, p3;
-    split3(x, 0.0f, p1, p2, p3);
-    dst[0] = (unsigned short)p1;
-    dst[plane] = (unsigned short)p2;
-    dst[2 * plane] = (unsigned short)p3;
+    unsigned p[3];
+    split3(x, 0.0f, p[0], p[1], p[2]);
+#pragma unroll
+    for (int i = 0; i < PIECES; ++i) dst[i * plane] = (unsigned short)p[i];
 }
