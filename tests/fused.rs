@@ -333,3 +333,52 @@ fn fused_keeps_non_finite_inputs_causal_or_skip_without_gpu() {
     eprintln!("{checked} poisoned runs; worst change of unaffected outputs {worst:.2e}");
     assert!(checked >= 2 * cases, "only {checked} poisoned runs");
 }
+
+/// The fast precision (bf16 operands, f32 accumulation) on random bf16 problems of every
+/// option: finite wherever the exact path is, and within FLA's error against float64 (the
+/// shared vectors hold FLA's output: about 3e-3 relative L2 for bf16 inputs); the exact path on
+/// the same inputs stays within 1e-5.
+#[test]
+fn fused_fast_precision_within_fla_error_or_skip_without_gpu() {
+    let Some(dev) = gpu() else { return };
+    let device = Device::Cuda(dev.clone());
+    let cases = case_count(30);
+    let (mut runs, mut worst_fast, mut worst_exact) = (0, 0f64, 0f64);
+    for seed in 0..cases {
+        let mut r = Rng::new(0xfa57 + seed);
+        let mut spec = Spec::random(&mut r);
+        spec.dtype = DType::BF16;
+        spec.k = pick(&mut r, &[64, 128]);
+        spec.v = pick(&mut r, &[32, 64, 128]);
+        spec.chunk_size = 64;
+        spec.t = r.int(1, 300);
+        let c = spec.build().unwrap();
+        let rf = reference(&c.inputs, &c.opts).unwrap();
+        for precision in [deltanet::Precision::Fast, deltanet::Precision::Exact] {
+            let opts = Options {
+                precision,
+                ..c.opts.clone()
+            };
+            let out = forward(&device, &c.inputs, &opts).unwrap();
+            let o = out.o.to_f32();
+            assert!(o.iter().all(|a| a.is_finite()), "{}: non-finite o", c.name);
+            let e = rel_l2(&o, &rf.o).max(rel_l2(
+                &out.final_state.as_ref().unwrap().to_f32(),
+                &rf.final_state,
+            ));
+            if precision == deltanet::Precision::Fast {
+                worst_fast = worst_fast.max(e);
+                assert!(e <= 3e-3, "{}: fast vs float64 {e:.2e}", c.name);
+            } else {
+                worst_exact = worst_exact.max(e);
+                assert!(e <= 1e-5, "{}: exact vs float64 {e:.2e}", c.name);
+            }
+        }
+        runs += 1;
+    }
+    eprintln!(
+        "{runs} bf16 cases on {}: worst relative L2 against float64, fast {worst_fast:.2e}, \
+         exact {worst_exact:.2e}",
+        dev.name()
+    );
+}

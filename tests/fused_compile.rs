@@ -33,9 +33,15 @@ fn all_kernels_compile_to_ptx_and_cubin_for_sm90_or_skip_without_nvrtc() {
         );
         if m.name.starts_with("fused_") {
             fused += 1;
+            // TF32 products in chunk_intra and chunk_recurrent, bf16 ones (on split operands)
+            // in chunk_recurrent_regs.
+            let mma = if m.name.contains("chunk_recurrent_regs") {
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+            } else {
+                "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+            };
             assert!(
-                m.ptx
-                    .contains("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
+                m.ptx.contains(mma),
                 "{}: no tensor-core product in the PTX",
                 m.name
             );

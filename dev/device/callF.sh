@@ -11,6 +11,7 @@ run fused 150 env DELTANET_FUSED_CASES=5 ./fused_test fused_equals --nocapture
 run time_fast1 40 env DELTANET_FUSED_PIECES=1 DELTANET_FUSED_TIME="$S" ./fused_test --ignored fused_time --nocapture
 run time_fast2 40 env DELTANET_FUSED_PIECES=2 DELTANET_FUSED_TIME="$S" ./fused_test --ignored fused_time --nocapture
 
+run fast 90 env DELTANET_FUSED_CASES=20 ./fused_test fused_fast --nocapture
 run time_old 60 env DELTANET_FUSED_REGS=0 DELTANET_FUSED_TIME="$S" ./fused_test --ignored fused_time --nocapture
 run nonfinite 40 env DELTANET_FUSED_CASES=12 ./fused_test fused_keeps_non_finite --nocapture
 run engine 40 ./engine_test --test-threads=1

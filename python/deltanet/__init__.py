@@ -31,9 +31,9 @@ from . import _native
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "__version__"]
 __version__ = _native.__version__
 
-# The precisions deltanet implements. FLA has none to pick; the keyword is ours, so that a later
-# faster mode can be asked for by name while "exact" keeps meaning the same thing.
-_PRECISIONS = ("exact",)
+# The precisions deltanet implements (FLA has none to pick; the keyword is ours): "exact" (f32
+# rounding) and "fast" (bf16 operands where the fused GPU kernel for bf16 inputs runs).
+_PRECISIONS = ("exact", "fast")
 
 # numpy dtype names to the library's element type names. bfloat16 is ml_dtypes' name.
 _FLOAT_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -224,6 +224,7 @@ def _call(
         "state_v_first": _flag("state_v_first", kwargs.get("state_v_first", False)),
         "chunk_size": _chunk_size(kwargs.get("chunk_size")),
         "head_map": _str_option("head_map", kwargs.get("head_map"), "grouped"),
+        "precision": precision,
         "output_final_state": _flag("output_final_state", output_final_state),
     }
     try:
@@ -300,7 +301,9 @@ def chunk_gated_delta_rule(
             rounding.
         head_map: ``"grouped"`` (value head j reads q/k head ``j // (HV/H)``, FLA) or
             ``"tiled"`` (``j % H``, llama.cpp's Qwen3.5 layout).
-        precision: ``"exact"`` (the only one).
+        precision: ``"exact"`` (default; every product to f32 rounding) or ``"fast"`` (bf16
+            operands with f32 accumulation where the fused GPU kernel for bf16 inputs runs,
+            about FLA's error; elsewhere the same as exact).
         Any other keyword is ignored (as FLA's callers pass attention keywords through).
 
     Returns:

@@ -73,6 +73,7 @@ struct RawOptions {
     state_v_first: bool,
     chunk_size: usize,
     head_map: String,
+    precision: String,
     output_final_state: bool,
 }
 
@@ -280,6 +281,7 @@ fn library_options(opts: &RawOptions) -> Result<Options, Error> {
         state_v_first: opts.state_v_first,
         chunk_size: opts.chunk_size,
         head_map: opts.head_map.parse::<HeadMap>()?,
+        precision: opts.precision.parse()?,
         output_final_state: opts.output_final_state,
         output_chunk_states: false,
         // FLA's convention: o in the inputs' dtype.

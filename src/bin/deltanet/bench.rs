@@ -72,6 +72,10 @@ pub struct Args {
     /// Decode states stored [.., V, K] (llama.cpp's and FlashInfer's layout).
     #[arg(long)]
     state_v_first: bool,
+    /// exact (products to f32 rounding) or fast (bf16 operands where the fused GPU kernel for
+    /// bf16 inputs runs).
+    #[arg(long, default_value = "exact", value_parser = crate::parse_precision)]
+    precision: deltanet::Precision,
 }
 
 /// The sequence offsets of `n` sequences sharing `t` tokens by the anchors' rule (see
@@ -221,6 +225,7 @@ pub fn main(a: Args) -> CmdResult {
     };
     let opts = Options {
         chunk_size: a.chunk_size,
+        precision: a.precision,
         ..Options::default()
     };
     // Refuse shapes this machine cannot hold before allocating anything.

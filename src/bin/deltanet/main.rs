@@ -134,6 +134,10 @@ fn parse_dtype(s: &str) -> Result<deltanet::DType, String> {
 }
 
 /// clap parser of a chunk size flag.
+fn parse_precision(s: &str) -> Result<deltanet::Precision, String> {
+    s.parse().map_err(|_| "expected exact or fast".to_string())
+}
+
 fn parse_chunk(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(c) if deltanet::CHUNK_SIZES.contains(&c) => Ok(c),

@@ -66,6 +66,10 @@ pub struct Args {
     /// How value heads map to q/k heads: grouped (FLA) or tiled (llama.cpp's Qwen3.5).
     #[arg(long, alias = "head_map", value_parser = parse_head_map)]
     head_map: Option<HeadMap>,
+    /// exact (the default: products to f32 rounding) or fast (bf16 operands where the fused GPU
+    /// kernel for bf16 inputs runs; about FLA's error).
+    #[arg(long, value_parser = crate::parse_precision)]
+    precision: Option<deltanet::Precision>,
     /// Tokens per forward call (rounded down to a multiple of the chunk size). Long inputs are
     /// computed in segments, carrying each sequence's state across, so memory stays bounded;
     /// by default a segment's working memory is about 1 GiB.
@@ -246,6 +250,9 @@ pub fn main(a: Args) -> CmdResult {
     }
     if let Some(h) = a.head_map {
         opts.head_map = h;
+    }
+    if let Some(pr) = a.precision {
+        opts.precision = pr;
     }
     opts.out_dtype = a.out_dtype;
     opts.output_final_state = true;

@@ -358,13 +358,7 @@ impl Tuning {
     }
 }
 
-fn config(
-    dev: &CudaDevice,
-    p: &Problem,
-    opts: &Options,
-    dtype: DType,
-    tuning: &Tuning,
-) -> Config {
+fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &Tuning) -> Config {
     if let Some(cfg) = regs_config(dev, p, opts, dtype, tuning) {
         return cfg;
     }
