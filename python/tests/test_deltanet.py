@@ -379,7 +379,7 @@ def test_cuda_plan_binding_validates_before_touching_a_gpu():
     from deltanet import _native
 
     opts = dict(scale=None, use_qk_l2norm=False, beta_is_logits=False, allow_neg_eigval=False,
-                gate_in_kernel=False, state_v_first=False, chunk_size=64, head_map="grouped",
+                gate_in_kernel=False, state_v_first=False, chunk_size=64, head_map="grouped", precision="exact",
                 output_final_state=True)
     dims = (1, 2, 1, 1, 4, 4)
     with pytest.raises(ValueError, match=r"^chunk_size:"):
