@@ -16,5 +16,11 @@ python3 -c "import torch, triton, fla, deltanet, einops; print('torch', torch.__
 tmo=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 120")
 run pytests 120 env DELTANET_VECTORS=$PWD/.gpu/vectors python3 -m pytest -q -rs -p no:cacheprovider $tmo python/tests
 # FLA's tests: remaining tests skipped (visibly) past 270 s, so the summary is whole before 330 s.
-run fla_gdn 330 env DELTANET_FLA_SUMMARY=$OUT/fla_gdn_summary.md DELTANET_FLA_DEADLINE_S=270 bash python/fla_harness/run.sh -q --tb=short $tmo
+run fla_gdn 250 env DELTANET_FLA_SUMMARY=$OUT/fla_gdn_summary.md DELTANET_FLA_DEADLINE_S=200 bash python/fla_harness/run.sh -q --tb=short $tmo
 cat $OUT/fla_gdn_summary.md 2>/dev/null | sed -n '1,40p'
+# compute-sanitizer over the fused kernels (chunk_recurrent_regs included: bf16 cases take it).
+cd .dev/all
+export PATH=/usr/local/cuda/bin:$PATH
+run fracecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 env DELTANET_FUSED_CASES=3 ./fused_test fused_fast --nocapture
+run fmemcheck 45 compute-sanitizer --tool memcheck --error-exitcode 9 env DELTANET_FUSED_CASES=3 ./fused_test fused_fast --nocapture
+grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY|test result" $OUT/f*check.txt
