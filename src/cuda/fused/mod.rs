@@ -329,7 +329,7 @@ pub struct Tuning {
     /// The tile products in plain f32 FMA instead of the tensor cores (a cross-check).
     pub fma: bool,
     /// `chunk_recurrent_regs` where it applies (bf16 inputs, K <= 128); by default taken there
-    /// for the fast precision only.
+    /// for the fast precision, and for the exact one when its blocks have 8 warps.
     pub regs: Option<bool>,
     /// bf16 pieces per f32 operand there (1..=3); by default 3, or 1 with
     /// [`crate::Precision::Fast`].
@@ -417,13 +417,7 @@ fn regs_config(
     tuning: &Tuning,
 ) -> Option<Config> {
     let (dk, dv) = (p.dk(), p.dv());
-    // Measured on an H200 (NOTES-GPU.md, version 7): with one block of two warps per SM (B=1,
-    // HV=32) the exact kernel is slower than chunk_recurrent (6.9 vs 5.5 ms at T=32768), so it
-    // is taken by default only for the fast precision (3.9 ms there).
-    let wanted = tuning
-        .regs
-        .unwrap_or(opts.precision == crate::Precision::Fast);
-    if dtype != DType::BF16 || dk > 128 || tuning.fma || !wanted {
+    if dtype != DType::BF16 || dk > 128 || tuning.fma || tuning.regs == Some(false) {
         return None;
     }
     let fits = |vt: usize| vt % 16 == 0 && vt <= 128 && dv % vt == 0;
@@ -432,6 +426,13 @@ fn regs_config(
         .into_iter()
         .find(|&vt| fits(vt) && 10 * p.num_seqs() * p.v_heads() * (dv / vt) >= 9 * sms)
         .unwrap_or(16);
+    // Measured on an H200 (NOTES-GPU.md, version 7): with blocks of 8 warps (B=8 HV=32) the
+    // exact kernel beats chunk_recurrent (6.35 vs 11.0 ms at T=8192); with one block of two
+    // warps per SM (B=1 HV=32) it loses (6.9 vs 5.5 ms at T=32768). So exact takes it by
+    // default only with 8 warps per block; the fast precision always.
+    if tuning.regs.is_none() && opts.precision == crate::Precision::Exact && vt < 128 {
+        return None;
+    }
     if let Some(t) = tuning.vt.filter(|&t| fits(t)) {
         vt = t;
     }
