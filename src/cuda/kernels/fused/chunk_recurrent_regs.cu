@@ -95,6 +95,31 @@ __device__ __forceinline__ void h_times(float (&acc)[NTT][4], const float4* hs,
     }
 }
 
+// acc += a M^T (16 x 64) for M a lower-triangular chunk matrix staged as PIECES bf16 planes
+// (a_inv or p, [C][SPL]) and a an f32 accumulator tile set: block (rows 16m.., columns 16kb..)
+// of M is zero for kb > m and skipped.
+__device__ __forceinline__ void times_planes(float (&acc)[NTT][4], const float (&a)[NTT][4],
+                                             const SmemRows& M) {
+#pragma unroll
+    for (int kb = 0; kb < C / 16; ++kb) {
+        const APieces ap = a_from_acc(a[2 * kb], a[2 * kb + 1]);
+#pragma unroll
+        for (int m = kb; m < C / 16; ++m) {
+            unsigned x[PIECES][4], b0[PIECES][2], b1[PIECES][2];
+#pragma unroll
+            for (int pl = 0; pl < PIECES; ++pl) {
+                ldsm_b(x[pl], M, SPL, 16 * m, 16 * kb + pl * C);
+                b0[pl][0] = x[pl][0];
+                b0[pl][1] = x[pl][1];
+                b1[pl][0] = x[pl][2];
+                b1[pl][1] = x[pl][3];
+            }
+            mma6(acc[2 * m], ap, b0);
+            mma6(acc[2 * m + 1], ap, b1);
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(const RecParams P) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const u16* __restrict__ q = (const u16*)P.q;
@@ -207,24 +232,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             for (int a = 0; a < NTT; ++a)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) vn[a][e] = 0.0f;
-#pragma unroll
-            for (int kb = 0; kb < C / 16; ++kb) {
-                const APieces ar = a_from_acc(kh_[2 * kb], kh_[2 * kb + 1]);
-#pragma unroll
-                for (int m = kb; m < C / 16; ++m) {
-                    unsigned x[PIECES][4], b0[PIECES][2], b1[PIECES][2];
-#pragma unroll
-                    for (int pl = 0; pl < PIECES; ++pl) {
-                        ldsm_b(x[pl], Xr, SPL, 16 * m, 16 * kb + pl * C);
-                        b0[pl][0] = x[pl][0];
-                        b0[pl][1] = x[pl][1];
-                        b1[pl][0] = x[pl][2];
-                        b1[pl][1] = x[pl][3];
-                    }
-                    mma6(vn[2 * m], ar, b0);
-                    mma6(vn[2 * m + 1], ar, b1);
-                }
-            }
+            times_planes(vn, kh_, Xr);
             // o^T = QH^T diag(scale rq d) + v_new^T p^T, p lower triangular as a_inv. (QH^T is
             // formed here rather than beside KH^T, splitting h again: fewer live registers.)
             PHASE();
@@ -234,24 +242,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             for (int nb = 0; nb < NTT; ++nb)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) qh[nb][e] *= st.sc[8 * nb + 2 * t + (e & 1)].y;
-#pragma unroll
-            for (int kb = 0; kb < C / 16; ++kb) {
-                const APieces an = a_from_acc(vn[2 * kb], vn[2 * kb + 1]);
-#pragma unroll
-                for (int m = kb; m < C / 16; ++m) {
-                    unsigned x[PIECES][4], b0[PIECES][2], b1[PIECES][2];
-#pragma unroll
-                    for (int pl = 0; pl < PIECES; ++pl) {
-                        ldsm_b(x[pl], Pr, SPL, 16 * m, 16 * kb + pl * C);
-                        b0[pl][0] = x[pl][0];
-                        b0[pl][1] = x[pl][1];
-                        b1[pl][0] = x[pl][2];
-                        b1[pl][1] = x[pl][3];
-                    }
-                    mma6(qh[2 * m], an, b0);
-                    mma6(qh[2 * m + 1], an, b1);
-                }
-            }
+            times_planes(qh, vn, Pr);
             {
                 // Row stride of o, opaque here so that the 16 row offsets are formed at the
                 // stores rather than hoisted out of the loop into 32 live registers.
