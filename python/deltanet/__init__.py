@@ -156,6 +156,46 @@ def _fla_names(message: str) -> str:
     return re.sub(r"(?<!use_)gate_in_kernel", "use_gate_in_kernel", message)
 
 
+def _dtype_key(x: Any) -> Optional[str]:
+    """The library's name for the element type of an array or tensor, or None for anything
+    else (left to the checks that name the argument)."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return None
+    name = str(dtype).replace("torch.", "") if _is_torch(x) else getattr(dtype, "name", "")
+    return _FLOAT_DTYPES.get(name)
+
+
+def _as_f32(x: Any) -> Any:
+    """A float array or tensor as float32, of the same kind and on the same device (exact: f16
+    and bf16 values are all f32 values)."""
+    if _is_torch(x):
+        return x.float()
+    return np.asarray(x).astype(np.float32)
+
+
+def _common_dtype(q: Any, k: Any, v: Any) -> Tuple[Any, Any, Any, Any]:
+    """FLA lets q/k and v differ in dtype (q, k float32 with v float16, say); the library reads
+    the three in one dtype. Mixed float dtypes are read as float32, which holds each of them
+    exactly, so the result is the one the mixed call asks for; ``o`` is returned in v's dtype.
+    Returns ``(q, k, v, o_dtype)``, ``o_dtype`` None where nothing was converted."""
+    keys = [_dtype_key(x) for x in (q, k, v)]
+    if None in keys or len(set(keys)) == 1:
+        return q, k, v, None
+    o_dtype = v.dtype
+    q, k, v = (x if key == "f32" else _as_f32(x) for x, key in zip((q, k, v), keys))
+    return q, k, v, o_dtype
+
+
+def _cast_like(o: Any, dtype: Any) -> Any:
+    """``o`` (float32) in ``dtype``, rounded once, as the kernels round an output."""
+    if dtype is None:
+        return o
+    if _is_torch(o):
+        return o.to(dtype)
+    return o.astype(dtype)
+
+
 def _wrap(out: Tuple[bytearray, list, str], like: Any) -> Any:
     """A result triple as an array of the caller's kind: a torch tensor when ``like`` (``v``) is
     one, else a numpy array. The result owns its memory and is writable."""
@@ -227,6 +267,7 @@ def _call(
         "precision": precision,
         "output_final_state": _flag("output_final_state", output_final_state),
     }
+    q, k, v, o_dtype = _common_dtype(q, k, v)
     try:
         if _on_cuda(v):
             # GPU tensors stay on the GPU: the separate path of _cuda.py.
@@ -235,7 +276,7 @@ def _call(
             o, final_state = _cuda.run(
                 mode, q, k, v, g, beta, initial_state, _offsets(cu_seqlens), a_log, dt_bias, options
             )
-            return o, final_state if options["output_final_state"] else None
+            return _cast_like(o, o_dtype), final_state if options["output_final_state"] else None
     except ValueError as e:
         raise ValueError(_fla_names(str(e))) from None
     if gate_in_kernel and dt_bias is None and a_log is not None:
@@ -256,7 +297,7 @@ def _call(
         o, final_state = _native.run(mode, tensors, options)
     except ValueError as e:
         raise ValueError(_fla_names(str(e))) from None
-    return _wrap(o, v), None if final_state is None else _wrap(final_state, v)
+    return _cast_like(_wrap(o, v), o_dtype), None if final_state is None else _wrap(final_state, v)
 
 
 def chunk_gated_delta_rule(
@@ -279,7 +320,8 @@ def chunk_gated_delta_rule(
     o_t = S^T (scale q_t)``.
 
     Args:
-        q, k: ``[B, T, H, K]``, float32, float16 or bfloat16 (the same for q, k and v).
+        q, k: ``[B, T, H, K]``, float32, float16 or bfloat16. q, k and v may differ in dtype
+            (as FLA allows); then the three are read as float32, which holds each exactly.
         v: ``[B, T, HV, V]``, HV a multiple of H.
         g: ``[B, T, HV]`` log-space decay (the raw gate input with ``use_gate_in_kernel``).
         beta: ``[B, T, HV]`` write strength (logits with ``use_beta_sigmoid_in_kernel``).

@@ -104,10 +104,6 @@ def _not_applicable(mode: str, call: dict):
     for name, what in FLA_ONLY[mode].items():
         if call.get(name) is not None:
             return f"deltanet has no {what}"
-    dtypes = {n: call[n].dtype for n in ("q", "k", "v") if isinstance(call.get(n), torch.Tensor)}
-    if len(set(dtypes.values())) > 1:
-        got = ", ".join(f"{n} {str(d).replace('torch.', '')}" for n, d in dtypes.items())
-        return f"deltanet takes q, k and v of one dtype; FLA's call mixes them ({got})"
     beta = call.get("beta")
     if isinstance(beta, torch.Tensor) and beta.dim() == 4:
         return "deltanet has no per-value beta ([B, T, HV, V])"
@@ -244,8 +240,17 @@ _DEADLINE = float(os.environ.get("DELTANET_FLA_DEADLINE_S", "0") or 0)
 
 def pytest_runtest_setup(item):
     CALLS.clear()
+    # What the summary needs from the process that ran the test travels with its reports
+    # (under pytest-xdist the summary is written by the controller, which runs no test).
+    item.user_properties.append(("routed", item.originalname in _ROUTED_FUNCTIONS))
     if _DEADLINE and time.monotonic() - _START > _DEADLINE:
         pytest.skip(f"not run: the harness's time budget ({_DEADLINE:.0f} s) was spent")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield
+    item.user_properties.append(("deltanet_calls", dict(CALLS)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,8 +289,11 @@ def pytest_runtest_logreport(report):
                 entry["outcome"] = report.outcome
             if report.outcome != "passed":
                 entry["detail"] = _detail(report)
+    props = dict(report.user_properties)
+    if props.get("routed"):
+        _ROUTED_FUNCTIONS.add(entry["function"])
     if report.when == "call":
-        entry["calls"] = Counter(CALLS)
+        entry["calls"] = Counter(props.get("deltanet_calls", {}))
     if report.when == "teardown":
         if entry["outcome"] is None:
             entry["outcome"] = "passed"
@@ -332,8 +340,8 @@ def _table() -> list:
 
 def _write_summary():
     path = os.environ.get("DELTANET_FLA_SUMMARY")
-    if not path:
-        return
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # under pytest-xdist the controller writes it, from the workers' reports
     totals = Counter(e["outcome"] for e in _RESULTS.values())
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU mode)"
     out = [
@@ -357,6 +365,8 @@ def _write_summary():
 
 
 def pytest_terminal_summary(terminalreporter):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     terminalreporter.section("per test function (deltanet routed)")
     for line in _table():
         terminalreporter.write_line(line)

@@ -285,6 +285,25 @@ def test_half_precision_inputs(fn, dtype):
     assert rel(final, final_ref) < TOL
 
 
+@pytest.mark.parametrize("fn", ["chunk", "recurrent"])
+@pytest.mark.parametrize(
+    "qk_dtype, v_dtype",
+    [(np.float32, np.float16), (ml_dtypes.bfloat16, np.float32), (np.float16, ml_dtypes.bfloat16)],
+    ids=["qk_f32-v_f16", "qk_bf16-v_f32", "qk_f16-v_bf16"],
+)
+def test_mixed_input_dtypes(fn, qk_dtype, v_dtype):
+    """q/k and v of different dtypes (FLA allows it, and its tests call so): the exact answer on
+    the inputs as given, o in v's dtype."""
+    q, k, v, g, beta = problem(seed=7)
+    q, k, v = q.astype(qk_dtype), k.astype(qk_dtype), v.astype(v_dtype)
+    o, final = FNS[fn](q, k, v, g, beta, output_final_state=True)
+    assert o.dtype == np.dtype(v_dtype) and final.dtype == np.float32
+    o_ref, final_ref = oracle(*(x.astype(np.float32) for x in (q, k, v)), g, beta)
+    rounded = o_ref.astype(np.float32).astype(v_dtype)
+    assert rel(o, o_ref) <= rel(rounded, o_ref) + TOL
+    assert rel(final, final_ref) < TOL
+
+
 def test_non_contiguous_and_big_endian_inputs():
     q, k, v, g, beta = problem()
     o_ref, _ = chunk_gated_delta_rule(q, k, v, g, beta)
@@ -315,7 +334,7 @@ def _bad_cases():
         "q_float64": ("q", dict(base, q=q.astype(np.float64))),
         "q_int": ("q", dict(base, q=q.astype(np.int32))),
         "k_shape": ("k", dict(base, k=k[:, :, :, :8])),
-        "k_dtype": ("k", dict(base, k=k.astype(np.float16))),
+        "k_dtype": ("k", dict(base, k=k.astype(np.int16))),
         "v_heads_not_multiple": ("v", dict(base, v=v[:, :, :3])),
         "v_tokens": ("v", dict(base, v=v[:, :5])),
         "g_shape": ("g", dict(base, g=g[:, :, :2])),
@@ -423,3 +442,17 @@ def test_torch_cpu_tensors(dtype_name):
     assert rel(final.numpy(), final_ref) < TOL
     rounded = torch.from_numpy(o_ref.astype(np.float32)).to(dtype).to(torch.float32).numpy()
     assert rel(as64(o), o_ref) <= rel(rounded, o_ref) + TOL
+
+
+def test_torch_mixed_dtypes_as_fla_calls_them():
+    """FLA's test_fused_recurrent passes q, k float32 with v float16: o comes back float16."""
+    torch = pytest.importorskip("torch")
+    q, k, v, g, beta = problem(seed=9)
+    tq, tk, tv = torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v).half()
+    for fn in FNS.values():
+        o, final = fn(tq, tk, tv, torch.from_numpy(g), torch.from_numpy(beta), output_final_state=True)
+        assert o.dtype == torch.float16 and final.dtype == torch.float32
+        o_ref, final_ref = oracle(q, k, tv.float().numpy(), g, beta)
+        rounded = torch.from_numpy(o_ref.astype(np.float32)).half().float().numpy()
+        assert rel(o.float().numpy(), o_ref) <= rel(rounded, o_ref) + TOL
+        assert rel(final.numpy(), final_ref) < TOL
