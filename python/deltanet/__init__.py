@@ -28,7 +28,7 @@ import numpy as np
 
 from . import _native
 
-__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "__version__"]
+__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "decode_step", "__version__"]
 __version__ = _native.__version__
 
 # The precisions deltanet implements (FLA has none to pick; the keyword is ours): "exact" (f32
@@ -218,6 +218,43 @@ def _wrap(out: Tuple[bytearray, list, str], like: Any) -> Any:
     return np.frombuffer(buf, dtype=npdtype).reshape(shape)
 
 
+def _options(scale: Any, use_qk_l2norm_in_kernel: Any, output_final_state: Any, kwargs: dict) -> dict:
+    """The library's option dict from FLA's arguments and keywords (checked, by name)."""
+    precision = _str_option("precision", kwargs.get("precision"), "exact")
+    if precision not in _PRECISIONS:
+        raise ValueError(
+            f"precision: expected one of {', '.join(map(repr, _PRECISIONS))}, got {precision!r}"
+        )
+    if "transpose_state_layout" in kwargs:
+        # FLA's former name of state_v_first: FLA warns and takes it, and refuses both at once.
+        if kwargs.get("state_v_first", False):
+            raise ValueError(
+                "transpose_state_layout: the deprecated name of state_v_first; pass only state_v_first"
+            )
+        warnings.warn(
+            "`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        kwargs = dict(kwargs, state_v_first=kwargs["transpose_state_layout"])
+    gate_in_kernel = _flag("use_gate_in_kernel", kwargs.get("use_gate_in_kernel", False))
+    options = {
+        "scale": _scale(scale),
+        "use_qk_l2norm": _flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel),
+        "beta_is_logits": _flag(
+            "use_beta_sigmoid_in_kernel", kwargs.get("use_beta_sigmoid_in_kernel", False)
+        ),
+        "allow_neg_eigval": _flag("allow_neg_eigval", kwargs.get("allow_neg_eigval", False)),
+        "gate_in_kernel": gate_in_kernel,
+        "state_v_first": _flag("state_v_first", kwargs.get("state_v_first", False)),
+        "chunk_size": _chunk_size(kwargs.get("chunk_size")),
+        "head_map": _str_option("head_map", kwargs.get("head_map"), "grouped"),
+        "precision": precision,
+        "output_final_state": _flag("output_final_state", output_final_state),
+    }
+    return options
+
+
 def _call(
     mode: str,
     q: Any,
@@ -233,40 +270,8 @@ def _call(
     kwargs: dict,
 ) -> Tuple[Any, Any]:
     """Translates FLA's arguments to the library's, runs ``mode``, wraps the results."""
-    precision = _str_option("precision", kwargs.get("precision"), "exact")
-    if precision not in _PRECISIONS:
-        raise ValueError(
-            f"precision: expected one of {', '.join(map(repr, _PRECISIONS))}, got {precision!r}"
-        )
-    if "transpose_state_layout" in kwargs:
-        # FLA's former name of state_v_first: FLA warns and takes it, and refuses both at once.
-        if kwargs.get("state_v_first", False):
-            raise ValueError(
-                "transpose_state_layout: the deprecated name of state_v_first; pass only state_v_first"
-            )
-        warnings.warn(
-            "`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        kwargs = dict(kwargs, state_v_first=kwargs["transpose_state_layout"])
-    gate_in_kernel = _flag("use_gate_in_kernel", kwargs.get("use_gate_in_kernel", False))
-    a_log = kwargs.get("A_log")
-    dt_bias = kwargs.get("dt_bias")
-    options = {
-        "scale": _scale(scale),
-        "use_qk_l2norm": _flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel),
-        "beta_is_logits": _flag(
-            "use_beta_sigmoid_in_kernel", kwargs.get("use_beta_sigmoid_in_kernel", False)
-        ),
-        "allow_neg_eigval": _flag("allow_neg_eigval", kwargs.get("allow_neg_eigval", False)),
-        "gate_in_kernel": gate_in_kernel,
-        "state_v_first": _flag("state_v_first", kwargs.get("state_v_first", False)),
-        "chunk_size": _chunk_size(kwargs.get("chunk_size")),
-        "head_map": _str_option("head_map", kwargs.get("head_map"), "grouped"),
-        "precision": precision,
-        "output_final_state": _flag("output_final_state", output_final_state),
-    }
+    options = _options(scale, use_qk_l2norm_in_kernel, output_final_state, kwargs)
+    gate_in_kernel, a_log, dt_bias = options["gate_in_kernel"], kwargs.get("A_log"), kwargs.get("dt_bias")
     q, k, v, o_dtype = _common_dtype(q, k, v)
     try:
         if _on_cuda(v):
@@ -419,3 +424,127 @@ def fused_recurrent_gated_delta_rule(
         cu_seqlens,
         kwargs,
     )
+
+
+def _index_list(arg: str, x: Any, shape: Tuple[int, ...]) -> Optional[list]:
+    """Host pool-row indices (list, array or CPU tensor of integers, of ``shape``) as a flat
+    list of ints, or None."""
+    if x is None:
+        return None
+    arr = np.asarray(x) if isinstance(x, (list, tuple)) else _as_numpy(arg, x)
+    if arr.dtype.kind not in "iu" and arr.size:
+        raise ValueError(f"{arg}: expected integer pool rows, got dtype {arr.dtype}")
+    if tuple(arr.shape) != shape:
+        dims = "[N]" if len(shape) == 1 else "[N, T]"
+        raise ValueError(f"{arg}: expected shape {dims} = {list(shape)}, got {list(arr.shape)}")
+    return [int(r) for r in arr.reshape(-1)]
+
+
+def decode_step(
+    q: Any,
+    k: Any,
+    v: Any,
+    g: Any,
+    beta: Any,
+    state_pool: Any,
+    state_indices: Any = None,
+    out_state_indices: Any = None,
+    token_state_indices: Any = None,
+    output_token_states: bool = False,
+    scale: Optional[float] = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    **kwargs: Any,
+) -> Tuple[Any, Any]:
+    """One decode step of N sequences, T tokens each, over a pool of states updated in place
+    (how serving engines keep them; T > 1 verifies speculative draft tokens).
+
+    For each sequence n: start from pool row ``state_indices[n]`` (row n without indices; a
+    negative index is a padding slot: nothing read or written, its outputs zeros), advance the
+    state through its T tokens by the gated delta rule, write the final state to row
+    ``out_state_indices[n]`` (default: back to the row read; negative: none) and, if given, the
+    state after token t to row ``token_state_indices[n, t]`` (negative: none), so an engine can
+    roll back to the last accepted token. A row written by one sequence may be neither read nor
+    written by another (sequences may share a row they only read); indices given on the host
+    are checked for it (``ValueError``), indices in GPU memory are the caller's promise.
+
+    Args:
+        q, k: ``[N, T, H, K]``; v ``[N, T, HV, V]``; g, beta ``[N, T, HV]``: as
+            :func:`fused_recurrent_gated_delta_rule` takes them (dtypes likewise).
+        state_pool: ``[P, HV, K, V]`` float32 (``[P, HV, V, K]`` with ``state_v_first``), a
+            writable contiguous numpy array or torch tensor (CPU or CUDA, as v), updated in place.
+        state_indices, out_state_indices: ``[N]`` integers (i32 or i64), or None.
+        token_state_indices: ``[N, T]`` integers, or None.
+        output_token_states: also return the state after every token, ``[N, T, HV, K, V]``
+            float32 (``[N, T, HV, V, K]`` with ``state_v_first``).
+        scale, use_qk_l2norm_in_kernel, and the keywords of :func:`chunk_gated_delta_rule`
+            (``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``, ``use_gate_in_kernel``,
+            ``A_log``, ``dt_bias``, ``state_v_first``, ``head_map``); others are ignored.
+
+    Returns:
+        ``(o, token_states)``: o ``[N, T, HV, V]`` in v's dtype; token_states or None.
+
+    Example:
+        >>> import numpy as np, deltanet
+        >>> N, T, H, HV, K, V, P = 2, 1, 1, 2, 8, 4, 5
+        >>> rng = np.random.default_rng(0)
+        >>> q, k = (rng.standard_normal((N, T, H, K), dtype=np.float32) for _ in range(2))
+        >>> v = rng.standard_normal((N, T, HV, V), dtype=np.float32)
+        >>> g = np.full((N, T, HV), -0.1, np.float32); beta = np.full((N, T, HV), 0.5, np.float32)
+        >>> pool = np.zeros((P, HV, K, V), np.float32)
+        >>> o, _ = deltanet.decode_step(q, k, v, g, beta, pool, state_indices=[3, -1])
+        >>> bool(pool[3].any()), bool(pool[0].any()), bool((o[1] == 0).all())
+        (True, False, True)
+    """
+    options = _options(scale, use_qk_l2norm_in_kernel, False, kwargs)
+    a_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
+    q, k, v, o_dtype = _common_dtype(q, k, v)
+    token_states = _flag("output_token_states", output_token_states)
+    try:
+        if _on_cuda(v):
+            from . import _cuda
+
+            o, ts = _cuda.decode(
+                q, k, v, g, beta, state_pool, state_indices, out_state_indices,
+                token_state_indices, token_states, a_log, dt_bias, options,
+            )
+            return _cast_like(o, o_dtype), ts
+    except ValueError as e:
+        raise ValueError(_fla_names(str(e))) from None
+    pool = _as_numpy("state_pool", state_pool)
+    if pool.dtype != np.float32 or not pool.flags.c_contiguous or not pool.flags.writeable:
+        raise ValueError(
+            "state_pool: expected a writable contiguous float32 array (updated in place), got "
+            f"dtype {pool.dtype}, contiguous {pool.flags.c_contiguous}, writable {pool.flags.writeable}"
+        )
+    qs, vs = tuple(getattr(q, "shape", ())), tuple(getattr(v, "shape", ()))
+    n, t = (qs + (0, 0))[:2]
+    if len(qs) == 4 and len(vs) == 4:
+        row = (vs[2], vs[3], qs[3]) if options["state_v_first"] else (vs[2], qs[3], vs[3])
+        if pool.ndim != 4 or tuple(pool.shape[1:]) != row:
+            names = "[P, HV, V, K]" if options["state_v_first"] else "[P, HV, K, V]"
+            raise ValueError(
+                f"state_pool: expected shape {names} with rows {list(row)}, got {list(pool.shape)}"
+            )
+    if options["gate_in_kernel"] and dt_bias is None and a_log is not None:
+        dt_bias = np.zeros(_as_numpy("A_log", a_log).shape, dtype=np.float32)
+    tensors = {
+        "q": _raw("q", q),
+        "k": _raw("k", k),
+        "v": _raw("v", v),
+        "g": _raw("g", g),
+        "beta": _raw("beta", beta),
+        "initial_state": None,
+        "a_log": None if a_log is None else _raw("A_log", a_log),
+        "dt_bias": None if dt_bias is None else _raw("dt_bias", dt_bias),
+    }
+    indices = {
+        "state_indices": _index_list("state_indices", state_indices, (n,)),
+        "out_state_indices": _index_list("out_state_indices", out_state_indices, (n,)),
+        "token_state_indices": _index_list("token_state_indices", token_state_indices, (n, t)),
+    }
+    try:
+        o, pool_after, ts = _native.decode(tensors, _raw("state_pool", pool), indices, token_states, options)
+    except ValueError as e:
+        raise ValueError(_fla_names(re.sub(r"^state:", "state_pool:", str(e)))) from None
+    np.copyto(pool, np.frombuffer(pool_after[0], dtype=np.float32).reshape(pool.shape))
+    return _cast_like(_wrap(o, v), o_dtype), None if ts is None else _wrap(ts, v)

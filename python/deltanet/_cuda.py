@@ -149,3 +149,139 @@ def run(
     # Temporaries (the workspace, contiguous copies) are freed when this returns: torch's
     # allocator reuses them only for work queued after ours on the same stream.
     return o, final_state
+
+
+def _host_rows(arg: str, x: Any, shape: Tuple[int, ...]) -> Optional[list]:
+    """Indices given on the host (list, array, CPU tensor) as a flat list of ints; None for
+    None or for a tensor already on a GPU (left there, unchecked)."""
+    if x is None or (isinstance(x, torch.Tensor) and x.device.type == "cuda"):
+        return None
+    from . import _index_list
+
+    return _index_list(arg, x, shape)
+
+
+def _check_sharing(n: int, t: int, read: Optional[list], write: Optional[list],
+                   per_token: Optional[list], write_given: bool) -> None:
+    """The decode step's rule, for indices on the host (the CPU path's library checks the same):
+    a row written by one sequence is neither read nor written by another."""
+    owner: dict = {}
+
+    def claim(arg: str, row: int, seq: int) -> None:
+        if row >= 0 and owner.setdefault(row, seq) != seq:
+            raise ValueError(
+                f"{arg}: expected rows written by one sequence only, got row {row} written by "
+                f"sequences {owner[row]} and {seq}"
+            )
+
+    for s in range(n):
+        r = s if read is None else read[s]
+        if r < 0:
+            continue
+        if write_given:
+            if write is not None:
+                claim("out_state_indices", write[s], s)
+        else:
+            claim("state_indices", r, s)
+        if per_token is not None:
+            for j in range(t):
+                claim("token_state_indices", per_token[s * t + j], s)
+    for s in range(n):
+        r = s if read is None else read[s]
+        if r >= 0 and owner.get(r, s) != s:
+            raise ValueError(
+                f"state_indices: expected no row read by one sequence and written by another, got "
+                f"row {r} read by sequence {s} and written by sequence {owner[r]}"
+            )
+
+
+def _device_rows(arg: str, x: Any, device: torch.device, shape: Tuple[int, ...]):
+    """Indices as a contiguous i32/i64 tensor on ``device`` and its ``(ptr, count, is_i64)``."""
+    if x is None:
+        return None, None
+    if not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(x if not hasattr(x, "__array__") else x.__array__())
+    if x.dtype not in (torch.int32, torch.int64):
+        if x.numel() and x.is_floating_point():
+            raise ValueError(f"{arg}: expected integer pool rows, got dtype {x.dtype}")
+        x = x.to(torch.int64)
+    if tuple(x.shape) != shape:
+        dims = "[N]" if len(shape) == 1 else "[N, T]"
+        raise ValueError(f"{arg}: expected shape {dims} = {list(shape)}, got {list(x.shape)}")
+    x = x.to(device).contiguous()
+    return x, (x.data_ptr(), x.numel(), x.dtype == torch.int64)
+
+
+def decode(q, k, v, g, beta, pool, state_indices, out_state_indices, token_state_indices,
+           token_states: bool, a_log, dt_bias, options: dict):
+    """``deltanet.decode_step`` on the GPU: checks, outputs allocated by torch, one launch on
+    torch's current stream. Returns ``(o, token_states or None)``; the pool is updated in place."""
+    device = v.device
+    q, k, v, g, beta = (_on(a, x, device) for a, x in zip(("q", "k", "v", "g", "beta"), (q, k, v, g, beta)))
+    _rank("q", q, 4)
+    N, T, H, K = q.shape
+    _shape("k", k, (N, T, H, K), "[N, T, H, K]")
+    _rank("v", v, 4)
+    if tuple(v.shape[:2]) != (N, T):
+        raise ValueError(f"v: expected shape [N, T, HV, V] with N = {N}, T = {T}, got {list(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    dtype = _dtype_name("q", q)
+    for arg, x in (("k", k), ("v", v)):
+        if _dtype_name(arg, x) != dtype:
+            raise ValueError(f"{arg}: expected dtype {dtype} (as q), got {_dtype_name(arg, x)}")
+    for arg, x in (("g", g), ("beta", beta)):
+        _dtype_name(arg, x)
+        _shape(arg, x, (N, T, HV), "[N, T, HV]")
+    pool = _on("state_pool", pool, device)
+    v_first = options["state_v_first"]
+    if pool.dtype != torch.float32 or not pool.is_contiguous() or pool.dim() != 4:
+        raise ValueError(
+            "state_pool: expected a contiguous float32 [P, HV, K, V] tensor (updated in place), "
+            f"got dtype {pool.dtype}, shape {list(pool.shape)}, contiguous {pool.is_contiguous()}"
+        )
+    row = (HV, V, K) if v_first else (HV, K, V)
+    if tuple(pool.shape[1:]) != row:
+        names = "[P, HV, V, K]" if v_first else "[P, HV, K, V]"
+        raise ValueError(f"state_pool: expected shape {names} with rows {list(row)}, got {list(pool.shape)}")
+    host = [_host_rows(a, x, s) for a, x, s in (
+        ("state_indices", state_indices, (N,)), ("out_state_indices", out_state_indices, (N,)),
+        ("token_state_indices", token_state_indices, (N, T)))]
+    on_host = all(x is None or not (isinstance(x, torch.Tensor) and x.device.type == "cuda")
+                  for x in (state_indices, out_state_indices, token_state_indices))
+    if on_host:
+        _check_sharing(N, T, host[0], host[1], host[2], out_state_indices is not None)
+    read, read_raw = _device_rows("state_indices", state_indices, device, (N,))
+    write, write_raw = _device_rows("out_state_indices", out_state_indices, device, (N,))
+    per_token, per_token_raw = _device_rows("token_state_indices", token_state_indices, device, (N, T))
+    if options["gate_in_kernel"]:
+        if a_log is None:
+            raise ValueError(f"A_log: expected a [HV] = [{HV}] tensor (use_gate_in_kernel is on), got none")
+        a_log = _on("A_log", a_log, device)
+        if dt_bias is None:
+            dt_bias = torch.zeros(HV, dtype=torch.float32, device=device)
+        dt_bias = _on("dt_bias", dt_bias, device)
+        for arg, x in (("A_log", a_log), ("dt_bias", dt_bias)):
+            _dtype_name(arg, x)
+            _shape(arg, x, (HV,), "[HV]")
+        a_log, dt_bias = a_log.float().contiguous(), dt_bias.float().contiguous()
+    else:
+        for arg, x in (("A_log", a_log), ("dt_bias", dt_bias)):
+            if x is not None:
+                raise ValueError(f"{arg}: expected none unless use_gate_in_kernel is on, got a tensor")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g, beta = g.float().contiguous(), beta.float().contiguous()
+    o = torch.empty((N, T, HV, V), dtype=v.dtype, device=device)
+    ts = None
+    if token_states:
+        ts = torch.empty((N, T) + row, dtype=torch.float32, device=device)
+    stream = torch.cuda.current_stream(device)
+    _native.decode_cuda(
+        device.index, stream.cuda_stream, (N, T, H, HV, K, V, pool.shape[0]), options,
+        _raw("q", q), _raw("k", k), _raw("v", v), _raw("g", g), _raw("beta", beta),
+        _raw("A_log", a_log), _raw("dt_bias", dt_bias), _raw("state_pool", pool), _raw("o", o),
+        read_raw, write_raw, per_token_raw, _raw("token_states", ts),
+    )
+    # The index tensors made here are freed on return; torch's allocator reuses them only for
+    # work queued after this launch on the same stream.
+    del read, write, per_token
+    return o, ts

@@ -16,7 +16,8 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use deltanet::{
-    forward, recurrent_step, DType, Device, Error, HeadMap, Inputs, Options, Problem, Tensor,
+    decode_step, forward, recurrent_step, DType, Device, Error, HeadMap, Indices, Inputs, Options,
+    Problem, StateIndices, Tensor,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -145,6 +146,32 @@ enum Mode {
     Recurrent,
 }
 
+/// The library's inputs over the call's tensors (all but the initial state).
+fn inputs<'a>(
+    views: &Tensors<View<'a>>,
+    cu_seqlens: Option<Vec<i64>>,
+) -> Result<Inputs<'a>, Error> {
+    let mut x = Inputs::new(
+        views.q.tensor("q")?,
+        views.k.tensor("k")?,
+        views.v.tensor("v")?,
+        views.g.tensor("g")?,
+        views.beta.tensor("beta")?,
+    );
+    x.cu_seqlens = cu_seqlens;
+    x.a_log = views
+        .a_log
+        .as_ref()
+        .map(|t| t.tensor("A_log"))
+        .transpose()?;
+    x.dt_bias = views
+        .dt_bias
+        .as_ref()
+        .map(|t| t.tensor("dt_bias"))
+        .transpose()?;
+    Ok(x)
+}
+
 /// Builds the inputs and options and runs the computation. Runs without the GIL: it sees only
 /// borrowed bytes and plain Rust values.
 fn compute(
@@ -154,16 +181,7 @@ fn compute(
     opts: &RawOptions,
 ) -> Result<Computed, Error> {
     let options = library_options(opts)?;
-    let mut x = Inputs::new(
-        views.q.tensor("q")?,
-        views.k.tensor("k")?,
-        views.v.tensor("v")?,
-        views.g.tensor("g")?,
-        views.beta.tensor("beta")?,
-    );
-    x.cu_seqlens = cu_seqlens;
-    x.a_log = views.a_log.map(|t| t.tensor("A_log")).transpose()?;
-    x.dt_bias = views.dt_bias.map(|t| t.tensor("dt_bias")).transpose()?;
+    let mut x = inputs(&views, cu_seqlens)?;
     // FLA accepts a half-precision initial state and computes in f32; the library takes f32.
     let h0 = match views.initial_state {
         None => None,
@@ -259,6 +277,66 @@ fn run(
     });
     let out = result.map_err(to_py_err)?;
     Ok((to_out(py, &out.o), out.final_state.map(|s| to_out(py, &s))))
+}
+
+/// The pool-row indices of one decode step, as the Python layer passes them (lists of ints,
+/// or None; see [`deltanet::StateIndices`]).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct RawIndices {
+    state_indices: Option<Vec<i64>>,
+    out_state_indices: Option<Vec<i64>>,
+    token_state_indices: Option<Vec<i64>>,
+}
+
+/// One decode step over a state pool on the CPU ([`deltanet::decode_step`]): `tensors` as in
+/// [`run`] (N sequences of T tokens as B and T; `initial_state` None), `pool` the `[P, HV, K, V]`
+/// f32 pool (`[P, HV, V, K]` with `state_v_first`), `indices` a dict of `state_indices`,
+/// `out_state_indices` and `token_state_indices` (lists or None). Returns `(o, pool after the
+/// step, token_states)`: the Python layer copies the pool back into the caller's array, which
+/// is how the step updates it in place.
+#[pyfunction]
+fn decode(
+    py: Python<'_>,
+    tensors: &Bound<'_, PyAny>,
+    pool: RawTensor<'_>,
+    indices: &Bound<'_, PyAny>,
+    token_states: bool,
+    options: &Bound<'_, PyAny>,
+) -> PyResult<(OutTensor, OutTensor, Option<OutTensor>)> {
+    let raw: Tensors<RawTensor<'_>> = tensors.extract()?;
+    let idx: RawIndices = indices.extract()?;
+    let opts: RawOptions = options.extract()?;
+    let views = raw.map(|t| View::of(t));
+    let pool_view = View::of(&pool);
+    let step = || -> Result<_, Error> {
+        let options = library_options(&opts)?;
+        let x = inputs(&views, None)?;
+        let pool_t = pool_view.tensor("state_pool")?;
+        if pool_t.dtype() != DType::F32 {
+            return Err(Error::invalid("state_pool", "dtype f32", pool_t.dtype()));
+        }
+        let shape = pool_t.shape().to_vec();
+        let mut rows = pool_t.to_f32().into_owned();
+        let si = StateIndices {
+            read: idx.state_indices.as_deref().map(Indices::I64),
+            write: idx.out_state_indices.as_deref().map(Indices::I64),
+            per_token: idx.token_state_indices.as_deref().map(Indices::I64),
+        };
+        let out = decode_step(&Device::Cpu, &x, &mut rows, &si, token_states, &options)?;
+        Ok((out.o, Tensor::from_f32(rows, shape)?, out.token_states))
+    };
+    let (o, pool_after, ts) = py
+        .detach(|| {
+            catch_unwind(AssertUnwindSafe(step))
+                .unwrap_or_else(|_| Err(Error::internal("a panic in the decode step")))
+        })
+        .map_err(to_py_err)?;
+    Ok((
+        to_out(py, &o),
+        to_out(py, &pool_after),
+        ts.map(|t| to_out(py, &t)),
+    ))
 }
 
 /// A result tensor as the Python layer reads it (its bytes copied into a new `bytearray`).
@@ -463,10 +541,99 @@ impl CudaPlan {
     }
 }
 
+/// A device array of pool-row indices as the Python layer passes it: address, count, and
+/// whether they are i64 (else i32).
+type RawDeviceIndices = (u64, usize, bool);
+
+/// One decode step over a device-resident state pool, queued on torch's current stream
+/// ([`deltanet::cuda::decode::decode_raw`]): `dims` `(N, T, H, HV, K, V, P)`; every tensor a
+/// `(data_ptr, numel, dtype)` triple as for [`CudaPlan::run`], the pool `[P, HV, K, V]` f32
+/// updated in place; indices `(data_ptr, count, is_i64)` or None. Returns without waiting.
+/// Repeated rows are not detected here (the indices stay on the device): the Python layer
+/// checks indices it was given on the host.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)] // one per buffer of the step
+#[pyo3(signature = (ordinal, stream, dims, options, q, k, v, g, beta, a_log, dt_bias, pool, o, read, write, per_token, token_states))]
+fn decode_cuda(
+    ordinal: usize,
+    stream: usize,
+    dims: (usize, usize, usize, usize, usize, usize, usize),
+    options: &Bound<'_, PyAny>,
+    q: RawDevice,
+    k: RawDevice,
+    v: RawDevice,
+    g: RawDevice,
+    beta: RawDevice,
+    a_log: Option<RawDevice>,
+    dt_bias: Option<RawDevice>,
+    pool: RawDevice,
+    o: RawDevice,
+    read: Option<RawDeviceIndices>,
+    write: Option<RawDeviceIndices>,
+    per_token: Option<RawDeviceIndices>,
+    token_states: Option<RawDevice>,
+) -> PyResult<()> {
+    use deltanet::cuda::decode::{decode_raw, DecodeBuffers, DecodeShape, RawArray};
+    let opts: RawOptions = options.extract()?;
+    let queue = || -> Result<(), Error> {
+        let options = library_options(&opts)?;
+        let array = |arg: &'static str, t: &RawDevice| -> Result<RawArray, Error> {
+            let dtype: DType = t.2.parse().map_err(|e| named(arg, e))?;
+            Ok(RawArray {
+                ptr: t.0,
+                len: t.1,
+                dtype,
+            })
+        };
+        let index = |t: &Option<RawDeviceIndices>| {
+            t.map(|(ptr, len, wide)| deltanet::cuda::decode::RawIndices { ptr, len, wide })
+        };
+        let (n, t, h, hv, dk, dv, rows) = dims;
+        let shape = DecodeShape {
+            n,
+            t,
+            h,
+            hv,
+            dk,
+            dv,
+            pool: rows,
+        };
+        let b = DecodeBuffers {
+            q: array("q", &q)?,
+            k: array("k", &k)?,
+            v: array("v", &v)?,
+            g: array("g", &g)?,
+            beta: array("beta", &beta)?,
+            a_log: a_log.as_ref().map(|t| array("A_log", t)).transpose()?,
+            dt_bias: dt_bias.as_ref().map(|t| array("dt_bias", t)).transpose()?,
+            pool: array("state_pool", &pool)?,
+            o: array("o", &o)?,
+            read: index(&read),
+            write: index(&write),
+            per_token: index(&per_token),
+            token_states: token_states
+                .as_ref()
+                .map(|t| array("token_states", t))
+                .transpose()?,
+        };
+        // SAFETY: the Python layer passes torch's current stream of GPU `ordinal` and live,
+        // contiguous tensors of that GPU for every buffer (its promise, as for CudaPlan).
+        unsafe {
+            let dev = deltanet::cuda::CudaDevice::from_raw_stream(ordinal, stream as *mut _)?;
+            decode_raw(&dev, &shape, &b, &options)
+        }
+    };
+    catch_unwind(AssertUnwindSafe(queue))
+        .unwrap_or_else(|_| Err(Error::internal("a panic while queueing the decode step")))
+        .map_err(to_py_err)
+}
+
 /// `deltanet._native`: see the crate documentation.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(decode, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_cuda, m)?)?;
     m.add_class::<CudaPlan>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

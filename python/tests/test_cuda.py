@@ -12,6 +12,7 @@ if not torch.cuda.is_available():
 
 FNS = base.FNS
 TOL = base.TOL
+deltanet = base.deltanet
 
 
 def cuda(x):
@@ -115,3 +116,39 @@ def test_mixed_devices_are_refused():
     q, k, v, g, beta = base.problem()
     with pytest.raises(ValueError, match=r"^k: expected a tensor on cuda"):
         base.chunk_gated_delta_rule(cuda(q), torch.from_numpy(k), cuda(v), cuda(g), cuda(beta))
+
+
+@pytest.mark.parametrize("v_first", [False, True], ids=["k_major", "v_first"])
+@pytest.mark.parametrize("where", ["host", "device"], ids=["host_indices", "device_indices"])
+def test_decode_step_pool_matches_cpu(v_first, where):
+    """The pool step on the GPU (indices as host lists or as device tensors, i32 and i64) gives
+    the CPU path's pool, outputs and per-token states within f32 rounding; padding stays zero."""
+    q, k, v, g, beta, pool = base._pool_case(21, N=3, T=3, K=16, V=12)
+    if v_first:
+        pool = np.ascontiguousarray(pool.transpose(0, 1, 3, 2))
+    idx = dict(state_indices=[4, -1, 0], out_state_indices=[4, 2, 5],
+               token_state_indices=[[1, -1, -1], [-1, -1, -1], [6, 3, -1]])
+    cpu_pool = pool.copy()
+    o_cpu, ts_cpu = deltanet.decode_step(q, k, v, g, beta, cpu_pool, output_token_states=True,
+                                         state_v_first=v_first, **idx)
+    gpu_pool = cuda(pool)
+    if where == "device":
+        idx = {name: torch.tensor(x, dtype=dt, device="cuda")
+               for (name, x), dt in zip(idx.items(), (torch.int32, torch.int64, torch.int32))}
+    o, ts = deltanet.decode_step(*(cuda(x) for x in (q, k, v, g, beta)), gpu_pool,
+                                 output_token_states=True, state_v_first=v_first, **idx)
+    assert o.is_cuda and ts.is_cuda
+    assert base.rel(host(o), o_cpu) < base.TOL
+    assert base.rel(host(ts), ts_cpu) < base.TOL
+    assert base.rel(host(gpu_pool), cpu_pool) < base.TOL
+    assert (host(o)[1] == 0).all()
+
+
+def test_decode_step_refuses_shared_host_rows_on_gpu():
+    q, k, v, g, beta, pool = base._pool_case(22, N=3, T=1)
+    gpu_pool = cuda(pool)
+    before = gpu_pool.clone()
+    with pytest.raises(ValueError, match=r"^out_state_indices:"):
+        deltanet.decode_step(*(cuda(x) for x in (q, k, v, g, beta)), gpu_pool,
+                             out_state_indices=[2, 2, 4])
+    assert torch.equal(gpu_pool, before)

@@ -456,3 +456,98 @@ def test_torch_mixed_dtypes_as_fla_calls_them():
         rounded = torch.from_numpy(o_ref.astype(np.float32)).half().float().numpy()
         assert rel(o.float().numpy(), o_ref) <= rel(rounded, o_ref) + TOL
         assert rel(final.numpy(), final_ref) < TOL
+
+
+# ---------------------------------------------------------------------------------------------
+# decode_step: a state pool updated in place, indices, padding, multi-token steps.
+
+
+def _pool_case(seed, N=3, T=3, P=7, H=2, HV=4, K=16, V=12):
+    q, k, v, g, beta = problem(seed=seed, B=N, T=T, H=H, HV=HV, K=K, V=V)
+    pool = (0.1 * np.random.default_rng(seed + 100).standard_normal((P, HV, K, V))).astype(np.float32)
+    return q, k, v, g, beta, pool
+
+
+@pytest.mark.parametrize("v_first", [False, True], ids=["k_major", "v_first"])
+def test_decode_step_pool_against_oracle(v_first):
+    """Rows read, written elsewhere, padding, per-token states: every row of the pool and every
+    output as the float64 recurrence gives them; untouched rows stay bitwise as they were."""
+    N, T = 3, 3
+    q, k, v, g, beta, pool = _pool_case(11, N=N, T=T)
+    if v_first:
+        pool = np.ascontiguousarray(pool.transpose(0, 1, 3, 2))
+    before = pool.copy()
+    read, write = [4, -1, 0], [4, 2, 5]
+    per_token = [[1, -1, -1], [-1, -1, -1], [6, 3, -1]]
+    o, ts = deltanet.decode_step(q, k, v, g, beta, pool, state_indices=read, out_state_indices=write,
+                                 token_state_indices=np.array(per_token, np.int32),
+                                 output_token_states=True, state_v_first=v_first)
+    assert o.shape == v.shape and o.dtype == np.float32
+    assert ts.shape == ((N, T, 4, 12, 16) if v_first else (N, T, 4, 16, 12))
+    want = before.copy()
+    for n in range(N):
+        if read[n] < 0:
+            assert (o[n] == 0).all() and (ts[n] == 0).all()
+            continue
+        h0 = before[read[n]][None]
+        for t in range(T):
+            o_ref, s_ref = oracle(q[n:n + 1, :t + 1], k[n:n + 1, :t + 1], v[n:n + 1, :t + 1],
+                                  g[n:n + 1, :t + 1], beta[n:n + 1, :t + 1], initial_state=h0,
+                                  v_first=v_first)
+            assert rel(ts[n, t], s_ref[0]) < TOL
+            if per_token[n][t] >= 0:
+                want[per_token[n][t]] = s_ref[0]
+        assert rel(o[n], o_ref[0]) < TOL
+        want[write[n]] = s_ref[0]
+    touched = {r for r in write} | {r for row in per_token for r in row if r >= 0}
+    for r in range(pool.shape[0]):
+        if r in touched:
+            assert rel(pool[r], want[r]) < TOL, r
+        else:
+            assert np.array_equal(pool[r], before[r]), r
+
+
+def test_decode_step_in_place_matches_recurrent_and_torch_pool():
+    """Without indices row n is sequence n's, updated in place: the same numbers as
+    fused_recurrent_gated_delta_rule's final state; a CPU torch pool is updated in place too."""
+    q, k, v, g, beta, pool = _pool_case(12, N=3, T=2, P=3)
+    h0 = pool.copy()
+    o, ts = deltanet.decode_step(q, k, v, g, beta, pool, use_qk_l2norm_in_kernel=True)
+    assert ts is None
+    o_rec, final = fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                                   output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert rel(o, o_rec) < TOL and rel(pool, final) < TOL
+    torch = pytest.importorskip("torch")
+    tpool = torch.from_numpy(h0[::-1].copy())  # sequence n reads row 2 - n, which holds h0[n]
+    ptr = tpool.data_ptr()
+    deltanet.decode_step(*(torch.from_numpy(x) for x in (q, k, v, g, beta)), tpool,
+                         state_indices=torch.tensor([2, 1, 0]), use_qk_l2norm_in_kernel=True)
+    assert tpool.data_ptr() == ptr
+    assert rel(tpool.numpy()[::-1], final) < TOL
+
+
+@pytest.mark.parametrize(
+    "arg, kwargs",
+    [
+        ("state_indices", dict(state_indices=[1, 1, 0])),
+        ("out_state_indices", dict(out_state_indices=[2, 2, 4])),
+        ("state_indices", dict(state_indices=[0, 1, 2], out_state_indices=[1, 3, 4])),
+        ("state_indices", dict(state_indices=[0, 9, 2])),
+        ("state_indices", dict(state_indices=[0, 1])),
+        ("token_state_indices", dict(token_state_indices=[[5, 5], [5, -1], [-1, -1]])),
+        ("state_pool", dict(pool=np.zeros((7, 4, 16, 12)))),
+        ("state_pool", dict(pool=np.zeros((7, 4, 12, 16), np.float32).transpose(0, 1, 3, 2))),
+        ("state_pool", dict(pool=np.zeros((7, 4, 16, 11), np.float32))),
+        ("output_token_states", dict(output_token_states=1)),
+    ],
+    ids=["read_twice_written", "written_twice", "read_row_written_by_other", "row_past_pool",
+         "indices_short", "token_row_twice", "pool_f64", "pool_strided", "pool_shape",
+         "token_states_not_bool"],
+)
+def test_decode_step_bad_arguments(arg, kwargs):
+    q, k, v, g, beta, pool = _pool_case(13, N=3, T=2)
+    pool = kwargs.pop("pool", pool)
+    before = pool.copy()
+    with pytest.raises(ValueError, match=rf"^{arg}:"):
+        deltanet.decode_step(q, k, v, g, beta, pool, **kwargs)
+    assert np.array_equal(pool, before)
