@@ -2,7 +2,8 @@
 __shfl_xor_sync and __syncwarp) around src/cuda/kernels/fused/decode.cu, driven by
 decode_emulate_driver.cpp against a float64 reference. No GPU needed:
     python3 dev/decode_emulate.py [cases]   (150 by default; needs g++ with C++20)"""
-import os, subprocess, sys
+import os
+import re, subprocess, sys
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 shim = r'''
 #include <cmath>
@@ -39,7 +40,10 @@ src = open(os.path.join(root, "src/cuda/kernels/common.cuh")).read() + open(os.p
 src = src.replace("extern __shared__ float smem[];", "float* smem = g_smem;")
 src = src.replace('asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));', "{ _Float16 x; memcpy(&x, &h, 2); f = (float)x; }")
 src = src.replace('asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t; }" : "=h"(h) : "f"(x));', "{ _Float16 y = (_Float16)x; memcpy(&h, &y, 2); }")
-assert "asm(" not in src
+# The streaming hints of the state loads and stores (ld_state, st_state) are plain accesses here.
+src = re.sub(r'asm volatile\("ld\.global\.cs[^;]*;"[^;]*;', "v = *(const float4*)p;", src)
+src = re.sub(r'asm volatile\("st\.global\.cs[^;]*;"[^;]*;', "*(float4*)p = v;", src)
+assert "asm(" not in src and "asm volatile(" not in src
 drv = open(os.path.join(root, "dev/decode_emulate_driver.cpp")).read()
 out = "/tmp/decode_emulate"
 open(out + ".cpp", "w").write(shim + src + drv)

@@ -68,8 +68,17 @@ pub(crate) struct Params {
     beta_is_logits: i32,
     allow_neg_eigval: i32,
     gate_in_kernel: i32,
-    reserved: i32,
+    cache_hints: i32,
 }
+/// Whether the state vectors are streamed with cache hints (see `ld_state` in decode.cu):
+/// `DELTANET_DECODE_HINTS` = 0 or 1 (default 0).
+fn cache_hints() -> i32 {
+    match std::env::var("DELTANET_DECODE_HINTS").as_deref() {
+        Ok("1") => 1,
+        _ => 0,
+    }
+}
+
 /// The size the kernel's `static_assert` checks.
 pub(crate) const PARAMS_BYTES: usize = 224;
 const _: () = assert!(std::mem::size_of::<Params>() == PARAMS_BYTES);
@@ -341,7 +350,7 @@ pub unsafe fn decode_raw(
         beta_is_logits: i32::from(opts.beta_is_logits),
         allow_neg_eigval: i32::from(opts.allow_neg_eigval),
         gate_in_kernel: i32::from(opts.gate_in_kernel),
-        reserved: 0,
+        cache_hints: cache_hints(),
     };
     let kernel = if opts.state_v_first {
         Kernel::DecodeVk

@@ -44,7 +44,8 @@ struct DecodeParams {
     float scale;
     int qkv_dtype, g_dtype, beta_dtype, a_log_dtype, dt_bias_dtype, out_dtype;  // 0 f32, 1 bf16, 2 f16
     int read_i64, write_i64, token_i64;
-    int tiled, use_qk_l2norm, beta_is_logits, allow_neg_eigval, gate_in_kernel, reserved;
+    int tiled, use_qk_l2norm, beta_is_logits, allow_neg_eigval, gate_in_kernel;
+    int cache_hints;  // 1: state vectors streamed (see ld_state)
 };
 static_assert(sizeof(DecodeParams) == 224, "DecodeParams differs from its Rust mirror");
 #ifdef PARAMS_BYTES
@@ -127,6 +128,31 @@ struct TokenIn {
     float q[QK_PER_LANE], k[QK_PER_LANE], v[COLS], g, beta;
 };
 
+// One 16-byte vector of a state. Each is read and written once per step and a step's states
+// are far larger than L2 (256 sequences: 537 MB), so with cache_hints they are loaded and
+// stored evict-first (.cs) and each load asks L2 for the whole 256-byte block around it (the
+// neighbouring warps' columns of the same rows, which they request next). Asm volatile with a
+// memory clobber keeps each load before the store to the same address.
+__device__ __forceinline__ float4 ld_state(const float* p, int hints) {
+    float4 v;
+    if (hints)
+        asm volatile("ld.global.cs.L2::256B.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                     : "l"(p)
+                     : "memory");
+    else
+        v = *(const float4*)p;
+    return v;
+}
+__device__ __forceinline__ void st_state(float* p, float4 v, int hints) {
+    if (hints)
+        asm volatile("st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z),
+                     "f"(v.w)
+                     : "memory");
+    else
+        *(float4*)p = v;
+}
+
 // The lane's 16-byte vector x (0..15) of a state: its offset in one head's state and whether its
 // columns exist. K-major: row part + span x, columns c0..c0+3. V-major: column c0 + x % 4, rows
 // 4 part + 4 span (x / 4) + 0..3.
@@ -137,16 +163,17 @@ __device__ __forceinline__ i64 vec_offset(int x, int part, int span, i64 c0, i64
 
 template <bool VFIRST>
 __device__ __forceinline__ void store_state(float* base, const float (&s)[ROWS][COLS], int part,
-                                            int span, i64 c0, i64 dk, i64 dv, const bool (&col_ok)[COLS]) {
+                                            int span, i64 c0, i64 dk, i64 dv, const bool (&col_ok)[COLS],
+                                            int hints) {
 #pragma unroll
     for (int x = 0; x < 16; ++x) {
         const i64 off = vec_offset<VFIRST>(x, part, span, c0, dk, dv);
         if (VFIRST) {
             const int m = x / 4, cc = x % 4;
             if (col_ok[cc])
-                *(float4*)(base + off) = make_float4(s[4 * m][cc], s[4 * m + 1][cc], s[4 * m + 2][cc], s[4 * m + 3][cc]);
+                st_state(base + off, make_float4(s[4 * m][cc], s[4 * m + 1][cc], s[4 * m + 2][cc], s[4 * m + 3][cc]), hints);
         } else if (col_ok[0]) {
-            *(float4*)(base + off) = make_float4(s[x][0], s[x][1], s[x][2], s[x][3]);
+            st_state(base + off, make_float4(s[x][0], s[x][1], s[x][2], s[x][3]), hints);
         }
     }
 }
@@ -194,7 +221,7 @@ __device__ __forceinline__ void decode_warp(const DecodeParams& P, float* smem) 
                 const i64 tj = (n * T + t) * hv + j;
                 if (part == 0 && col_ok[0]) store4(P.o, tj * dv + c0, P.out_dtype, s[0]);
                 if (P.token_states)
-                    store_state<VFIRST>(P.token_states + tj * state_len, s, part, span, c0, dk, dv, col_ok);
+                    store_state<VFIRST>(P.token_states + tj * state_len, s, part, span, c0, dk, dv, col_ok, P.cache_hints);
             }
             continue;
         }
@@ -233,7 +260,7 @@ __device__ __forceinline__ void decode_warp(const DecodeParams& P, float* smem) 
             const i64 off = vec_offset<VFIRST>(x, part, span, c0, dk, dv);
             const bool ok = VFIRST ? col_ok[x % 4] : col_ok[0];
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (ok) v = *(const float4*)(src + off);
+            if (ok) v = ld_state(src + off, P.cache_hints);
             if (VFIRST) {
                 const int m = x / 4, cc = x % 4;
                 s[4 * m][cc] = v.x, s[4 * m + 1][cc] = v.y, s[4 * m + 2][cc] = v.z, s[4 * m + 3][cc] = v.w;
@@ -319,14 +346,14 @@ __device__ __forceinline__ void decode_warp(const DecodeParams& P, float* smem) 
 
             // Where the state after this token goes.
             if (P.token_states)
-                store_state<VFIRST>(P.token_states + tj * state_len, s, part, span, c0, dk, dv, col_ok);
+                store_state<VFIRST>(P.token_states + tj * state_len, s, part, span, c0, dk, dv, col_ok, P.cache_hints);
             if (P.token_idx) {
                 const i64 w = load_idx(P.token_idx, n * T + t, P.token_i64);
-                if (w >= 0) store_state<VFIRST>(P.state + (w * hv + j) * state_len, s, part, span, c0, dk, dv, col_ok);
+                if (w >= 0) store_state<VFIRST>(P.state + (w * hv + j) * state_len, s, part, span, c0, dk, dv, col_ok, P.cache_hints);
             }
             if (t + 1 == T) {
                 const i64 w = P.write_idx ? load_idx(P.write_idx, n, P.write_i64) : row;
-                if (w >= 0) store_state<VFIRST>(P.state + (w * hv + j) * state_len, s, part, span, c0, dk, dv, col_ok);
+                if (w >= 0) store_state<VFIRST>(P.state + (w * hv + j) * state_len, s, part, span, c0, dk, dv, col_ok, P.cache_hints);
             }
         }
     }
