@@ -22,9 +22,14 @@ raw chunk outputs the wrappers capture. FLA's tests (fla/utils/testing.py, ``ass
 accept when ``get_err_ratio`` = RMSE(diff) / RMSE(ref), which is this relative L2 error, is below
 a ratio; its bf16 tests of chunk_gated_delta_rule's output use 0.005, the threshold here.
 
-Checks, for every T: (1) deltanet vs FLA layer output <= threshold; (2) deltanet's layer output
-is closer to the f64 layer output than FLA's is. Exit 0 only when all pass; 1 when a check
-fails; 2 on any exception (traceback printed).
+Checks, for every T: (1) the chunk function's output (what FLA's tolerance is written for):
+deltanet vs FLA <= threshold (0.005); (2) the layer output: deltanet vs FLA <= layer threshold
+(0.01: FLA's CI run, FLA_CI_ENV, passes errors under 1 % with a warning); whether it is also
+under the strict 0.005 is printed beside it: the layer's gated norm and projection make FLA's own
+layer error against the float64 layer about 5e-3, so an exact layer differs from FLA's by about
+that much; (3) deltanet's output is closer to the float64 one than FLA's, for the chunk function
+and for the layer. Exit 0 only when all pass; 1 when a check fails; 2 on any exception
+(traceback printed).
 
 Usage (GPU):   python3 dev/device/qwen3next_check.py --json OUT.json
 Usage (CPU, no FLA, tiny):  python3 dev/device/qwen3next_check.py --device cpu --no-fla \
@@ -79,6 +84,8 @@ def parse_args(argv=None):
     p.add_argument("--head-dim", type=int, default=128, help="key and value head dim")
     p.add_argument("--conv-kernel", type=int, default=4)
     p.add_argument("--threshold", type=float, default=0.005, help="FLA assert_close ratio")
+    p.add_argument("--layer-threshold", type=float, default=0.01,
+                   help="FLA's CI tolerance (FLA_CI_ENV: errors under 1%% pass)")
     p.add_argument(
         "--deltanet-precision",
         default=None,
@@ -382,8 +389,12 @@ def run(args):
         finite = all(torch.isfinite(o.float()).all().item() for o in out.values())
         checks = {}
         if not args.no_fla:
-            checks["deltanet_vs_fla_within_threshold"] = finite and e["layer_deltanet_vs_fla"] <= args.threshold
-            checks["deltanet_closer_to_f64_than_fla"] = finite and e["layer_deltanet_vs_f64"] < e["layer_fla_vs_f64"]
+            checks["core_deltanet_vs_fla_within_threshold"] = finite and e["core_deltanet_vs_fla"] <= args.threshold
+            checks["layer_deltanet_vs_fla_within_layer_threshold"] = (
+                finite and e["layer_deltanet_vs_fla"] <= args.layer_threshold)
+            checks["deltanet_closer_to_f64_than_fla"] = finite and (
+                e["layer_deltanet_vs_f64"] < e["layer_fla_vs_f64"]
+                and e["core_deltanet_vs_f64"] < e["core_fla_vs_f64"])
             all_pass &= all(checks.values())
         results.append({"T": T, "errors": e, "all_finite": finite, "checks": checks,
                         "seconds": {k: round(v, 4) for k, v in seconds.items()}})
@@ -392,11 +403,17 @@ def run(args):
         for k, v in e.items():
             print(f"  {k:<26} {v:.3e}")
         if checks:
-            c1, c2 = checks.values()
-            print(f"  [{'PASS' if c1 else 'FAIL'}] deltanet vs FLA layer output "
-                  f"{e['layer_deltanet_vs_fla']:.3e} <= {args.threshold}")
-            print(f"  [{'PASS' if c2 else 'FAIL'}] deltanet closer to the float64 layer than FLA: "
-                  f"{e['layer_deltanet_vs_f64']:.3e} < {e['layer_fla_vs_f64']:.3e}")
+            c1, c2, c3 = checks.values()
+            strict = e["layer_deltanet_vs_fla"] <= args.threshold
+            print(f"  [{'PASS' if c1 else 'FAIL'}] deltanet vs FLA chunk output "
+                  f"{e['core_deltanet_vs_fla']:.3e} <= {args.threshold}")
+            print(f"  [{'PASS' if c2 else 'FAIL'}] deltanet vs FLA layer output "
+                  f"{e['layer_deltanet_vs_fla']:.3e} <= {args.layer_threshold} "
+                  f"({'also' if strict else 'not'} <= {args.threshold}; FLA vs float64 layer "
+                  f"{e['layer_fla_vs_f64']:.3e})")
+            print(f"  [{'PASS' if c3 else 'FAIL'}] deltanet closer to float64 than FLA: layer "
+                  f"{e['layer_deltanet_vs_f64']:.3e} < {e['layer_fla_vs_f64']:.3e}, chunk output "
+                  f"{e['core_deltanet_vs_f64']:.3e} < {e['core_fla_vs_f64']:.3e}")
 
     info["results"] = results
     info["pass"] = bool(all_pass) if not args.no_fla else None
