@@ -398,7 +398,30 @@ def fused_recurrent_gated_delta_rule(
     is accepted and has no effect), computed by the per-token recurrence, which is cheapest for
     a few tokens per sequence. As in FLA, ``g`` may be None (no decay) and ``beta`` None (ones).
     To decode, pass the previous call's ``final_state`` as ``initial_state``.
+
+    With ``inplace_final_state=True`` (vLLM's keyword) the final states are written into
+    ``initial_state`` itself (a writable contiguous float32 array or tensor), which is returned as
+    ``final_state``. For a pool of states with row indices, see :func:`decode_step`.
     """
+    inplace = _flag("inplace_final_state", kwargs.get("inplace_final_state", False))
+    if inplace:
+        if initial_state is None:
+            raise ValueError(
+                "initial_state: expected the states to update in place (inplace_final_state is "
+                "on), got None"
+            )
+        if _is_torch(initial_state):
+            ok = str(initial_state.dtype) == "torch.float32" and initial_state.is_contiguous()
+            got = f"dtype {initial_state.dtype}, contiguous {initial_state.is_contiguous()}"
+        else:
+            arr = _as_numpy("initial_state", initial_state)
+            ok = arr.dtype == np.float32 and arr.flags.c_contiguous and arr.flags.writeable
+            got = f"dtype {arr.dtype}, contiguous {arr.flags.c_contiguous}, writable {arr.flags.writeable}"
+        if not ok:
+            raise ValueError(
+                "initial_state: expected a writable contiguous float32 array or tensor "
+                f"(inplace_final_state is on), got {got}"
+            )
     if g is None or beta is None:
         if _on_cuda(v):
             import torch
@@ -410,7 +433,7 @@ def fused_recurrent_gated_delta_rule(
             g = fill(0.0)
         if beta is None:
             beta = fill(1.0)
-    return _call(
+    o, final_state = _call(
         "recurrent",
         q,
         k,
@@ -419,11 +442,18 @@ def fused_recurrent_gated_delta_rule(
         beta,
         scale,
         initial_state,
-        output_final_state,
+        output_final_state or inplace,
         use_qk_l2norm_in_kernel,
         cu_seqlens,
         kwargs,
     )
+    if inplace:
+        if _is_torch(initial_state):
+            initial_state.copy_(final_state)
+        else:
+            np.copyto(_as_numpy("initial_state", initial_state), final_state)
+        final_state = initial_state
+    return o, final_state
 
 
 def _index_list(arg: str, x: Any, shape: Tuple[int, ...]) -> Optional[list]:

@@ -551,3 +551,28 @@ def test_decode_step_bad_arguments(arg, kwargs):
     with pytest.raises(ValueError, match=rf"^{arg}:"):
         deltanet.decode_step(q, k, v, g, beta, pool, **kwargs)
     assert np.array_equal(pool, before)
+
+
+def test_recurrent_inplace_final_state():
+    """vLLM's inplace_final_state: the final states land in initial_state, which is returned."""
+    q, k, v, g, beta = problem(seed=14)
+    h0 = (0.1 * np.random.default_rng(15).standard_normal((2, 4, 16, 12))).astype(np.float32)
+    o_ref, final_ref = fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0.copy(),
+                                                       output_final_state=True)
+    state = h0.copy()
+    o, final = fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state,
+                                               inplace_final_state=True)
+    assert final is state
+    assert np.array_equal(state, final_ref) and np.array_equal(o, o_ref)
+    with pytest.raises(ValueError, match=r"^initial_state:"):
+        fused_recurrent_gated_delta_rule(q, k, v, g, beta, inplace_final_state=True)
+    with pytest.raises(ValueError, match=r"^initial_state:"):
+        fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0.astype(np.float16),
+                                         inplace_final_state=True)
+    with pytest.raises(ValueError, match=r"^inplace_final_state:"):
+        fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state, inplace_final_state=1)
+    torch = pytest.importorskip("torch")
+    tstate = torch.from_numpy(h0.copy())
+    _, tfinal = fused_recurrent_gated_delta_rule(*(torch.from_numpy(x) for x in (q, k, v, g, beta)),
+                                                 initial_state=tstate, inplace_final_state=True)
+    assert tfinal is tstate and np.array_equal(tstate.numpy(), final_ref)
