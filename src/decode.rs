@@ -387,7 +387,9 @@ fn cpu_decode_in_pool(
     let mut o = vec![0f32; n * t * hv * dv];
     let (o_ptr, pool_ptr) = (Shared(o.as_mut_ptr()), Shared(pool.as_mut_ptr()));
     let pool_len = pool.len();
-    (0..n * hv * tiles).into_par_iter().for_each(|task| {
+    // Small steps (a few MiB of states, about 0.1 ms) run partly on the calling thread.
+    let small = n * hv * kv <= 1 << 21;
+    crate::cpu::for_each_task(n * hv * tiles, small, |task| {
         let (o_ptr, pool_ptr) = (o_ptr, pool_ptr);
         let (seq, j, tile) = (task / (hv * tiles), task / tiles % hv, task % tiles);
         let row = plan.read[seq];

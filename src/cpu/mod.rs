@@ -32,12 +32,29 @@ pub(crate) use stages::recurrent::{token_step, Token};
 pub use stages::solve_tril::solve_tril;
 pub use stages::wy::recompute_w_u;
 
+use rayon::prelude::*;
+
 use crate::backend::{Backend, ChunkStates, Gamma, StageInputs, Wy};
 use crate::error::Result;
 use crate::forward::{activate, ForwardOut};
 use crate::host::HostIo;
 use crate::options::Options;
 use crate::problem::{Inputs, Problem};
+
+/// Runs `f(task)` for every task in `0..n` on rayon's pool; for `small` work with a pool of one
+/// thread, on the calling thread instead. Handing a decode step of about 0.1 ms to the pool and
+/// sleeping until it is done (waking a worker, then the caller) costs about as much as the step
+/// on this 2-core machine: a one-thread N=1 step went from 0.21-0.25 ms to 0.13-0.14 ms
+/// (NOTES-CPU.md). With more threads the pool keeps the work (letting the caller take a share
+/// measured no better there). Each task's arithmetic does not depend on where it runs.
+pub(crate) fn for_each_task(n: usize, small: bool, f: impl Fn(usize) + Sync + Send) {
+    let inline = small && rayon::current_num_threads() <= 1 && rayon::current_thread_index().is_none();
+    if n < 2 || inline {
+        (0..n).for_each(f)
+    } else {
+        (0..n).into_par_iter().for_each(f)
+    }
+}
 
 /// The CPU device. Buffers are `Vec<f32>`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -191,5 +208,31 @@ impl HostIo for Cpu {
             opts.state_v_first,
             opts.scale_for(p.dk()),
         )
+    }
+}
+
+#[cfg(test)]
+mod task_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Every task runs exactly once, on the pool or on the calling thread (a one-thread pool,
+    /// where the small path runs inline, included).
+    #[test]
+    fn for_each_task_runs_every_task_once() {
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        for n in [0, 1, 2, 7, 64] {
+            for small in [false, true] {
+                let runs: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                super::for_each_task(n, small, |t| {
+                    runs[t].fetch_add(1, Ordering::Relaxed);
+                });
+                one.install(|| {
+                    super::for_each_task(n, small, |t| {
+                        runs[t].fetch_add(1, Ordering::Relaxed);
+                    })
+                });
+                assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 2), "n {n} small {small}");
+            }
+        }
     }
 }
