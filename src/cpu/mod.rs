@@ -48,7 +48,8 @@ use crate::problem::{Inputs, Problem};
 /// (NOTES-CPU.md). With more threads the pool keeps the work (letting the caller take a share
 /// measured no better there). Each task's arithmetic does not depend on where it runs.
 pub(crate) fn for_each_task(n: usize, small: bool, f: impl Fn(usize) + Sync + Send) {
-    let inline = small && rayon::current_num_threads() <= 1 && rayon::current_thread_index().is_none();
+    let inline =
+        small && rayon::current_num_threads() <= 1 && rayon::current_thread_index().is_none();
     if n < 2 || inline {
         (0..n).for_each(f)
     } else {
@@ -219,7 +220,10 @@ mod task_tests {
     /// where the small path runs inline, included).
     #[test]
     fn for_each_task_runs_every_task_once() {
-        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
         for n in [0, 1, 2, 7, 64] {
             for small in [false, true] {
                 let runs: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
@@ -231,7 +235,10 @@ mod task_tests {
                         runs[t].fetch_add(1, Ordering::Relaxed);
                     })
                 });
-                assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 2), "n {n} small {small}");
+                assert!(
+                    runs.iter().all(|r| r.load(Ordering::Relaxed) == 2),
+                    "n {n} small {small}"
+                );
             }
         }
     }
