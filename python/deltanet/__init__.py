@@ -255,6 +255,23 @@ def _options(scale: Any, use_qk_l2norm_in_kernel: Any, output_final_state: Any, 
     return options
 
 
+def _host_tensors(q, k, v, g, beta, initial_state, a_log, dt_bias, gate_in_kernel: bool) -> dict:
+    """The call's host tensors as the compiled module reads them, by its names."""
+    if gate_in_kernel and dt_bias is None and a_log is not None:
+        # FLA's dt_bias is optional (no bias): the library takes an explicit [HV] of zeros.
+        dt_bias = np.zeros(_as_numpy("A_log", a_log).shape, dtype=np.float32)
+    return {
+        "q": _raw("q", q),
+        "k": _raw("k", k),
+        "v": _raw("v", v),
+        "g": _raw("g", g),
+        "beta": _raw("beta", beta),
+        "initial_state": None if initial_state is None else _raw("initial_state", initial_state),
+        "a_log": None if a_log is None else _raw("A_log", a_log),
+        "dt_bias": None if dt_bias is None else _raw("dt_bias", dt_bias),
+    }
+
+
 def _call(
     mode: str,
     q: Any,
@@ -284,20 +301,8 @@ def _call(
             return _cast_like(o, o_dtype), final_state if options["output_final_state"] else None
     except ValueError as e:
         raise ValueError(_fla_names(str(e))) from None
-    if gate_in_kernel and dt_bias is None and a_log is not None:
-        # FLA's dt_bias is optional (no bias): the library takes an explicit [HV] of zeros.
-        dt_bias = np.zeros(_as_numpy("A_log", a_log).shape, dtype=np.float32)
-    tensors = {
-        "q": _raw("q", q),
-        "k": _raw("k", k),
-        "v": _raw("v", v),
-        "g": _raw("g", g),
-        "beta": _raw("beta", beta),
-        "initial_state": None if initial_state is None else _raw("initial_state", initial_state),
-        "cu_seqlens": _offsets(cu_seqlens),
-        "a_log": None if a_log is None else _raw("A_log", a_log),
-        "dt_bias": None if dt_bias is None else _raw("dt_bias", dt_bias),
-    }
+    tensors = _host_tensors(q, k, v, g, beta, initial_state, a_log, dt_bias, gate_in_kernel)
+    tensors["cu_seqlens"] = _offsets(cu_seqlens)
     try:
         o, final_state = _native.run(mode, tensors, options)
     except ValueError as e:
@@ -555,18 +560,7 @@ def decode_step(
             raise ValueError(
                 f"state_pool: expected shape {names} with rows {list(row)}, got {list(pool.shape)}"
             )
-    if options["gate_in_kernel"] and dt_bias is None and a_log is not None:
-        dt_bias = np.zeros(_as_numpy("A_log", a_log).shape, dtype=np.float32)
-    tensors = {
-        "q": _raw("q", q),
-        "k": _raw("k", k),
-        "v": _raw("v", v),
-        "g": _raw("g", g),
-        "beta": _raw("beta", beta),
-        "initial_state": None,
-        "a_log": None if a_log is None else _raw("A_log", a_log),
-        "dt_bias": None if dt_bias is None else _raw("dt_bias", dt_bias),
-    }
+    tensors = _host_tensors(q, k, v, g, beta, None, a_log, dt_bias, options["gate_in_kernel"])
     indices = {
         "state_indices": _index_list("state_indices", state_indices, (n,)),
         "out_state_indices": _index_list("out_state_indices", out_state_indices, (n,)),

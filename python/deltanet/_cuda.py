@@ -52,6 +52,42 @@ def _raw(arg: str, x: Optional[torch.Tensor]):
     return (x.data_ptr(), x.numel(), _dtype_name(arg, x))
 
 
+def _qkv(b: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """The sizes ``(B, T, H, HV, K, V)`` q, k, v imply, checked (``b`` names the first one), and
+    their common dtype's name."""
+    _rank("q", q, 4)
+    B, T, H, K = q.shape
+    _shape("k", k, (B, T, H, K), f"[{b}, T, H, K]")
+    _rank("v", v, 4)
+    if tuple(v.shape[:2]) != (B, T):
+        raise ValueError(f"v: expected shape [{b}, T, HV, V] with {b} = {B}, T = {T}, got {list(v.shape)}")
+    dtype = _dtype_name("q", q)
+    for arg, x in (("k", k), ("v", v)):
+        if _dtype_name(arg, x) != dtype:
+            raise ValueError(f"{arg}: expected dtype {dtype} (as q), got {_dtype_name(arg, x)}")
+    return (B, T, H, v.shape[2], K, v.shape[3]), dtype
+
+
+def _gate_params(a_log: Any, dt_bias: Any, HV: int, device: torch.device, gate_in_kernel: bool):
+    """A_log and dt_bias as dense f32 ``[HV]`` tensors on ``device`` (dt_bias zeros where FLA's
+    optional one is None) with the gate in the kernel; without it both must be None."""
+    if not gate_in_kernel:
+        for arg, x in (("A_log", a_log), ("dt_bias", dt_bias)):
+            if x is not None:
+                raise ValueError(f"{arg}: expected none unless use_gate_in_kernel is on, got a tensor")
+        return None, None
+    if a_log is None:
+        raise ValueError(f"A_log: expected a [HV] = [{HV}] tensor (use_gate_in_kernel is on), got none")
+    a_log = _on("A_log", a_log, device)
+    if dt_bias is None:  # FLA's dt_bias is optional (no bias)
+        dt_bias = torch.zeros(HV, dtype=torch.float32, device=device)
+    dt_bias = _on("dt_bias", dt_bias, device)
+    for arg, x in (("A_log", a_log), ("dt_bias", dt_bias)):
+        _dtype_name(arg, x)
+        _shape(arg, x, (HV,), "[HV]")
+    return a_log.float().contiguous(), dt_bias.float().contiguous()
+
+
 def run(
     mode: str,
     q: Any,
@@ -70,17 +106,7 @@ def run(
     device = v.device
     v_first = options["state_v_first"]
     q, k, v, g, beta = (_on(a, x, device) for a, x in zip(("q", "k", "v", "g", "beta"), (q, k, v, g, beta)))
-    _rank("q", q, 4)
-    B, T, H, K = q.shape
-    _shape("k", k, (B, T, H, K), "[B, T, H, K]")
-    _rank("v", v, 4)
-    if tuple(v.shape[:2]) != (B, T):
-        raise ValueError(f"v: expected shape [B, T, HV, V] with B = {B}, T = {T}, got {list(v.shape)}")
-    HV, V = v.shape[2], v.shape[3]
-    dtype = _dtype_name("q", q)
-    for arg, x in (("k", k), ("v", v)):
-        if _dtype_name(arg, x) != dtype:
-            raise ValueError(f"{arg}: expected dtype {dtype} (as q), got {_dtype_name(arg, x)}")
+    (B, T, H, HV, K, V), dtype = _qkv("B", q, k, v)
     # The plan validates the sizes, options and cu_seqlens (the library's checks and messages)
     # before the other tensors are looked at, in the CPU path's order.
     stream = torch.cuda.current_stream(device)
@@ -104,21 +130,7 @@ def run(
         _shape("initial_state", h0, state_shape, "[N, HV, V, K]" if v_first else "[N, HV, K, V]")
         h0 = h0.float()
 
-    if options["gate_in_kernel"]:
-        if a_log is None:
-            raise ValueError(f"A_log: expected a [HV] = [{HV}] tensor (use_gate_in_kernel is on), got none")
-        a_log = _on("A_log", a_log, device)
-        if dt_bias is None:  # FLA's dt_bias is optional (no bias)
-            dt_bias = torch.zeros(HV, dtype=torch.float32, device=device)
-        dt_bias = _on("dt_bias", dt_bias, device)
-        for arg, x in (("A_log", a_log), ("dt_bias", dt_bias)):
-            _dtype_name(arg, x)
-            _shape(arg, x, (HV,), "[HV]")
-        a_log, dt_bias = a_log.float().contiguous(), dt_bias.float().contiguous()
-    else:
-        for arg, x in (("A_log", a_log), ("dt_bias", dt_bias)):
-            if x is not None:
-                raise ValueError(f"{arg}: expected none unless use_gate_in_kernel is on, got a tensor")
+    a_log, dt_bias = _gate_params(a_log, dt_bias, HV, device, options["gate_in_kernel"])
 
     # The engine reads q, k, v in their dtype and g, beta, states and gate parameters in f32,
     # all dense; these are no-ops for tensors that already are.
@@ -218,17 +230,7 @@ def decode(q, k, v, g, beta, pool, state_indices, out_state_indices, token_state
     torch's current stream. Returns ``(o, token_states or None)``; the pool is updated in place."""
     device = v.device
     q, k, v, g, beta = (_on(a, x, device) for a, x in zip(("q", "k", "v", "g", "beta"), (q, k, v, g, beta)))
-    _rank("q", q, 4)
-    N, T, H, K = q.shape
-    _shape("k", k, (N, T, H, K), "[N, T, H, K]")
-    _rank("v", v, 4)
-    if tuple(v.shape[:2]) != (N, T):
-        raise ValueError(f"v: expected shape [N, T, HV, V] with N = {N}, T = {T}, got {list(v.shape)}")
-    HV, V = v.shape[2], v.shape[3]
-    dtype = _dtype_name("q", q)
-    for arg, x in (("k", k), ("v", v)):
-        if _dtype_name(arg, x) != dtype:
-            raise ValueError(f"{arg}: expected dtype {dtype} (as q), got {_dtype_name(arg, x)}")
+    (N, T, H, HV, K, V), dtype = _qkv("N", q, k, v)
     for arg, x in (("g", g), ("beta", beta)):
         _dtype_name(arg, x)
         _shape(arg, x, (N, T, HV), "[N, T, HV]")
@@ -253,21 +255,7 @@ def decode(q, k, v, g, beta, pool, state_indices, out_state_indices, token_state
     read, read_raw = _device_rows("state_indices", state_indices, device, (N,))
     write, write_raw = _device_rows("out_state_indices", out_state_indices, device, (N,))
     per_token, per_token_raw = _device_rows("token_state_indices", token_state_indices, device, (N, T))
-    if options["gate_in_kernel"]:
-        if a_log is None:
-            raise ValueError(f"A_log: expected a [HV] = [{HV}] tensor (use_gate_in_kernel is on), got none")
-        a_log = _on("A_log", a_log, device)
-        if dt_bias is None:
-            dt_bias = torch.zeros(HV, dtype=torch.float32, device=device)
-        dt_bias = _on("dt_bias", dt_bias, device)
-        for arg, x in (("A_log", a_log), ("dt_bias", dt_bias)):
-            _dtype_name(arg, x)
-            _shape(arg, x, (HV,), "[HV]")
-        a_log, dt_bias = a_log.float().contiguous(), dt_bias.float().contiguous()
-    else:
-        for arg, x in (("A_log", a_log), ("dt_bias", dt_bias)):
-            if x is not None:
-                raise ValueError(f"{arg}: expected none unless use_gate_in_kernel is on, got a tensor")
+    a_log, dt_bias = _gate_params(a_log, dt_bias, HV, device, options["gate_in_kernel"])
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g, beta = g.float().contiguous(), beta.float().contiguous()
     o = torch.empty((N, T, HV, V), dtype=v.dtype, device=device)

@@ -155,3 +155,64 @@ def test_wiring_refuses_like_the_cpu_path(fake_gpu):
         _cuda.run("chunk", q, k, v, g, beta, None, None, None, torch.zeros(4), _options())
     with pytest.raises(TypeError, match=r"^beta: expected a torch tensor"):
         _cuda.run("chunk", q, k, v, g, beta.numpy(), None, None, None, None, _options())
+
+
+def _fake_decode_cuda(ordinal, stream, dims, options, q, k, v, g, beta, a_log, dt_bias, pool, o,
+                      read, write, per_token, token_states):
+    """Stands in for _native.decode_cuda: reads the buffers and indices it is handed on the host
+    and runs the CPU path's decode_step on them."""
+    N, T, H, HV, K, V, P = dims
+    row = (HV, V, K) if options["state_v_first"] else (HV, K, V)
+    assert q[2] == k[2] == v[2] == o[2] and g[2] == beta[2] == pool[2] == "f32"
+
+    def rows(raw, shape):
+        if raw is None:
+            return None
+        ptr, count, wide = raw
+        dt = np.int64 if wide else np.int32
+        buf = (ctypes.c_char * (count * np.dtype(dt).itemsize)).from_address(ptr)
+        return np.frombuffer(buf, dtype=dt).reshape(shape).copy()
+
+    host_pool = _array(pool, (P,) + row)
+    kw = dict(scale=options["scale"], use_qk_l2norm_in_kernel=options["use_qk_l2norm"],
+              use_beta_sigmoid_in_kernel=options["beta_is_logits"],
+              allow_neg_eigval=options["allow_neg_eigval"], use_gate_in_kernel=options["gate_in_kernel"],
+              state_v_first=options["state_v_first"], head_map=options["head_map"])
+    if a_log is not None:
+        kw["A_log"], kw["dt_bias"] = _array(a_log, (HV,)).copy(), _array(dt_bias, (HV,)).copy()
+    out, ts = base.deltanet.decode_step(
+        _array(q, (N, T, H, K)).copy(), _array(k, (N, T, H, K)).copy(), _array(v, (N, T, HV, V)).copy(),
+        _array(g, (N, T, HV)).copy(), _array(beta, (N, T, HV)).copy(), host_pool,
+        state_indices=rows(read, (N,)), out_state_indices=rows(write, (N,)),
+        token_state_indices=rows(per_token, (N, T)), output_token_states=token_states is not None, **kw)
+    np.copyto(_array(o, (N, T, HV, V)), out)
+    if token_states is not None:
+        np.copyto(_array(token_states, (N, T) + row), ts)
+
+
+@pytest.mark.parametrize("v_first", [False, True], ids=["k_major", "v_first"])
+def test_decode_wiring_matches_the_cpu_path(monkeypatch, v_first):
+    """_cuda.decode: its checks, the index tensors it makes (host lists to i64, i32 tensors kept),
+    the buffers it hands over, and the pool updated where it lies."""
+    monkeypatch.setattr(_cuda, "_native", types.SimpleNamespace(decode_cuda=_fake_decode_cuda))
+    monkeypatch.setattr(_cuda.torch.cuda, "current_stream", lambda device: types.SimpleNamespace(cuda_stream=0))
+    q, k, v, g, beta, pool = base._pool_case(31, N=3, T=2)
+    if v_first:
+        pool = np.ascontiguousarray(pool.transpose(0, 1, 3, 2))
+    idx = dict(state_indices=[4, -1, 0], out_state_indices=torch.tensor([4, 2, 5], dtype=torch.int32),
+               token_state_indices=[[1, -1], [-1, -1], [6, 3]])
+    want_pool = pool.copy()
+    o_want, ts_want = base.deltanet.decode_step(q, k, v, g, beta, want_pool, output_token_states=True,
+                                                state_v_first=v_first, **idx)
+    tpool = torch.from_numpy(pool.copy())
+    o, ts = _cuda.decode(*(torch.from_numpy(x) for x in (q, k, v, g, beta)), tpool,
+                         idx["state_indices"], idx["out_state_indices"], idx["token_state_indices"],
+                         True, None, None, _options(state_v_first=v_first))
+    assert np.array_equal(o.numpy(), o_want) and np.array_equal(ts.numpy(), ts_want)
+    assert np.array_equal(tpool.numpy(), want_pool)
+    with pytest.raises(ValueError, match=r"^out_state_indices:"):
+        _cuda.decode(*(torch.from_numpy(x) for x in (q, k, v, g, beta)), tpool, None, [1, 1, 2], None,
+                     False, None, None, _options(state_v_first=v_first))
+    with pytest.raises(ValueError, match=r"^state_pool:"):
+        _cuda.decode(*(torch.from_numpy(x) for x in (q, k, v, g, beta)), tpool.double(), None, None,
+                     None, False, None, None, _options(state_v_first=v_first))
