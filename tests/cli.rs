@@ -1270,3 +1270,18 @@ fn bench_varlen_and_prefill_flops() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("B = 1"), "{}", stderr(&o));
 }
+
+/// `--precision` on selftest and demo: named in the output, checked at the same bounds, and a
+/// bad value is a usage error naming the flag.
+#[test]
+fn selftest_and_demo_take_precision() {
+    let o = deltanet(&["selftest", "--device", "cpu", "--count", "2", "--precision", "fast"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("fast precision"), "{}", stdout(&o));
+    let o = deltanet(&["demo", "--device", "cpu", "--tokens", "65", "--precision", "fast"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("fast precision") && stdout(&o).contains("ok"));
+    let o = deltanet(&["selftest", "--device", "cpu", "--precision", "fastest"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--precision") && stderr(&o).contains("exact or fast"));
+}

@@ -12,9 +12,14 @@ fn vectors_dir() -> PathBuf {
 #[test]
 fn selftest_suite_passes_on_cpu() {
     let mut seen = 0;
-    let checks = deltanet::selftest::run(&Device::Cpu, 11, 40, Some(&vectors_dir()), &mut |_| {
-        seen += 1
-    });
+    let checks = deltanet::selftest::run(
+        &Device::Cpu,
+        11,
+        40,
+        Some(&vectors_dir()),
+        deltanet::Precision::Exact,
+        &mut |_| seen += 1,
+    );
     assert_eq!(seen, checks.len());
     let failed: Vec<_> = checks.iter().filter(|c| !c.passed).collect();
     assert!(failed.is_empty(), "{failed:#?}");

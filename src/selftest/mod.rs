@@ -48,12 +48,15 @@ pub fn forward_tolerance(device: &Device, dtype: DType) -> f64 {
 }
 
 /// Runs `count` random problems from `seed` and every `*.safetensors` file in `vectors`, on
-/// `device`; calls `on_check` as each check completes and returns them all.
+/// `device`, every forward in `precision`; calls `on_check` as each check completes and returns
+/// them all. (The bounds are [`forward_tolerance`]'s either way: `Precision::Fast` differs from
+/// `Exact` only where a GPU's fused kernel reads bf16 inputs, whose bound is 5e-3.)
 pub fn run(
     device: &Device,
     seed: u64,
     count: usize,
     vectors: Option<&Path>,
+    precision: crate::Precision,
     on_check: &mut dyn FnMut(&Check),
 ) -> Vec<Check> {
     let mut all = Vec::new();
@@ -64,7 +67,8 @@ pub fn run(
     let mut rng = Rng::new(seed);
     for i in 0..count {
         match random_case(&mut rng) {
-            Ok(case) => {
+            Ok(mut case) => {
+                case.opts.precision = precision;
                 let prefix = format!("random#{i} {}", case.name);
                 let mut checks = Vec::new();
                 check_case(device, &case, &mut rng, &mut |name, r| {
@@ -88,7 +92,7 @@ pub fn run(
         match vector_files(dir) {
             Ok(files) => {
                 for f in files {
-                    for c in check_vector_file(device, &f) {
+                    for c in check_vector_file(device, &f, precision) {
                         emit(c, &mut all);
                     }
                 }

@@ -77,16 +77,16 @@ pub fn load_vector(path: &Path) -> Result<VectorCase> {
     })
 }
 
-/// Checks a conformance vector file: the forward (output in f32) and the recurrent step against
-/// its `o_ref` and `final_state_ref`.
-pub fn check_vector_file(device: &Device, path: &Path) -> Vec<Check> {
+/// Checks a conformance vector file: the forward (output in f32, in `precision`) and the
+/// recurrent step against its `o_ref` and `final_state_ref`.
+pub fn check_vector_file(device: &Device, path: &Path, precision: crate::Precision) -> Vec<Check> {
     let prefix = format!(
         "vector {}",
         path.file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| path.display().to_string())
     );
-    let case = match load_vector(path) {
+    let mut case = match load_vector(path) {
         Ok(c) => c,
         Err(e) => {
             return vec![Check {
@@ -96,6 +96,7 @@ pub fn check_vector_file(device: &Device, path: &Path) -> Vec<Check> {
             }]
         }
     };
+    case.opts.precision = precision;
     let tol = forward_tolerance(device, case.inputs.q.dtype());
     let mut out = Vec::new();
     let mut report = |name: &str, m: Measured| out.push(to_check(&prefix, name, m));

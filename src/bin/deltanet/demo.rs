@@ -27,6 +27,10 @@ pub struct Args {
     /// Tokens (T); 4096 is the realistic prefill.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     tokens: u64,
+    /// exact (every product to f32 rounding) or fast (bf16 operands where a GPU's fused kernel
+    /// reads bf16 inputs, as here).
+    #[arg(long, default_value = "exact", value_parser = crate::parse_precision)]
+    precision: deltanet::Precision,
 }
 
 pub fn main(a: Args) -> CmdResult {
@@ -34,8 +38,9 @@ pub fn main(a: Args) -> CmdResult {
     let (b, t, h, hv, k, v) = (1, a.tokens as usize, 16, 32, 128, 128);
     println!("device:   {}", device.name());
     println!(
-        "layer:    B={b} T={t} H={h} HV={hv} K={k} V={v}, bf16 inputs, q/k l2norm, seed {}",
-        a.seed
+        "layer:    B={b} T={t} H={h} HV={hv} K={k} V={v}, bf16 inputs, q/k l2norm, seed {}, {} precision",
+        a.seed,
+        format!("{:?}", a.precision).to_lowercase()
     );
     crate::layer_problem("--tokens", [b, t, h, hv, k, v], &Options::default())?;
     let mut rng = Rng::new(a.seed);
@@ -43,6 +48,7 @@ pub fn main(a: Args) -> CmdResult {
     let opts = Options {
         use_qk_l2norm: true,
         out_dtype: Some(DType::F32),
+        precision: a.precision,
         ..Options::default()
     };
 

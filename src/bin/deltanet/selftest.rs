@@ -27,6 +27,10 @@ pub struct Args {
     /// Number of random problems.
     #[arg(long, default_value_t = 50)]
     count: usize,
+    /// exact (every product to f32 rounding) or fast (bf16 operands where a GPU's fused kernel
+    /// reads bf16 inputs; checked at the same bounds, 5e-3 for those).
+    #[arg(long, default_value = "exact", value_parser = crate::parse_precision)]
+    precision: deltanet::Precision,
 }
 
 pub fn main(a: Args) -> CmdResult {
@@ -37,8 +41,9 @@ pub fn main(a: Args) -> CmdResult {
     }
     let device = open_device(&a.device)?;
     println!(
-        "selftest on {}: seed {}, {} random problem{}{}",
+        "selftest on {}, {} precision: seed {}, {} random problem{}{}",
         device.name(),
+        format!("{:?}", a.precision).to_lowercase(),
         a.seed,
         a.count,
         if a.count == 1 { "" } else { "s" },
@@ -48,12 +53,18 @@ pub fn main(a: Args) -> CmdResult {
             .unwrap_or_default()
     );
     let mut out = std::io::stdout().lock();
-    let checks =
-        deltanet::selftest::run(&device, a.seed, a.count, a.vectors.as_deref(), &mut |c| {
+    let checks = deltanet::selftest::run(
+        &device,
+        a.seed,
+        a.count,
+        a.vectors.as_deref(),
+        a.precision,
+        &mut |c| {
             let tag = if c.passed { "ok  " } else { "FAIL" };
             let _ = writeln!(out, "{tag} {}: {}", c.name, c.detail);
             let _ = out.flush();
-        });
+        },
+    );
     let failed = checks.iter().filter(|c| !c.passed).count();
     let passed = checks.len() - failed;
     println!("{passed} passed, {failed} failed");
