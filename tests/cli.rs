@@ -1275,13 +1275,130 @@ fn bench_varlen_and_prefill_flops() {
 /// bad value is a usage error naming the flag.
 #[test]
 fn selftest_and_demo_take_precision() {
-    let o = deltanet(&["selftest", "--device", "cpu", "--count", "2", "--precision", "fast"]);
+    let o = deltanet(&[
+        "selftest",
+        "--device",
+        "cpu",
+        "--count",
+        "2",
+        "--precision",
+        "fast",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("fast precision"), "{}", stdout(&o));
-    let o = deltanet(&["demo", "--device", "cpu", "--tokens", "65", "--precision", "fast"]);
+    let o = deltanet(&[
+        "demo",
+        "--device",
+        "cpu",
+        "--tokens",
+        "65",
+        "--precision",
+        "fast",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("fast precision") && stdout(&o).contains("ok"));
     let o = deltanet(&["selftest", "--device", "cpu", "--precision", "fastest"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--precision") && stderr(&o).contains("exact or fast"));
+}
+
+/// `deltanet plot` draws the bench and anchors JSON files as an SVG: one line per series,
+/// named in the legend; bad files and names are refused with the file named.
+#[test]
+fn plot_draws_bench_and_anchor_files() {
+    let dir = scratch("plot");
+    let mut files = Vec::new();
+    for (t, precision) in [(64, "exact"), (130, "exact"), (64, "fast")] {
+        let f = dir.join(format!("bench_{t}_{precision}.json"));
+        let o = deltanet(&[
+            "bench",
+            "--device",
+            "cpu",
+            "--work",
+            "prefill",
+            "--dtype",
+            "bf16",
+            "--repeats",
+            "2",
+            "--warmup",
+            "1",
+            "--shape",
+            &format!("1,{t},2,4,16,16"),
+            "--precision",
+            precision,
+            "--json",
+            f.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        files.push(f);
+    }
+    let anchors = dir.join("fla.json");
+    std::fs::write(
+        &anchors,
+        r#"[{"impl": "fla", "work": "prefill", "B": 1, "T": 64, "H": 2, "HV": 4, "K": 16, "V": 16, "ms": 0.5},
+            {"impl": "fla", "work": "prefill", "B": 1, "T": 130, "H": 2, "HV": 4, "K": 16, "V": 16, "ms": 0.6},
+            {"impl": "fla", "work": "decode", "N": 1, "HV": 4, "H": 2, "K": 16, "V": 16, "ms": 0.1}]"#,
+    )
+    .unwrap();
+    files.push(anchors);
+    let svg = dir.join("plot.svg");
+    let mut args = vec![
+        "plot".to_string(),
+        "--out".into(),
+        svg.to_str().unwrap().into(),
+    ];
+    args.extend(files.iter().map(|f| f.to_str().unwrap().to_string()));
+    let o = deltanet(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("deltanet exact: 2 points") && stdout(&o).contains("fla: 2 points")
+    );
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg"));
+    for name in [
+        "deltanet exact",
+        "deltanet fast",
+        "fla",
+        "prefill time per token (ns)",
+    ] {
+        assert!(text.contains(name), "{name} missing");
+    }
+    // A marker per point: 2 + 1 of deltanet, 2 of FLA (its decode row is left out).
+    assert_eq!(text.matches("<circle").count(), 5);
+
+    let o = deltanet(&[
+        "plot",
+        "--out",
+        dir.join("plot.png").to_str().unwrap(),
+        files[0].to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "not json").unwrap();
+    let o = deltanet(&[
+        "plot",
+        "--out",
+        svg.to_str().unwrap(),
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("bad.json") && stderr(&o).contains("not JSON"),
+        "{}",
+        stderr(&o)
+    );
+    let none = dir.join("none.json");
+    std::fs::write(&none, "[]").unwrap();
+    let o = deltanet(&[
+        "plot",
+        "--out",
+        svg.to_str().unwrap(),
+        none.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no prefill measurements"),
+        "{}",
+        stderr(&o)
+    );
 }

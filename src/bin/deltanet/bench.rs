@@ -343,6 +343,7 @@ fn write_json(path: &Path, a: &Args, device: &Device, rows: &[Row]) -> Result<()
         "shape": {"B": b, "T": t, "H": h, "HV": hv, "K": k, "V": v},
         "varlen": a.varlen,
         "dtype": a.dtype.name(),
+        "precision": format!("{:?}", a.precision).to_lowercase(),
         "chunk_size": a.chunk_size,
         "warmup": a.warmup,
         "repeats": a.repeats,

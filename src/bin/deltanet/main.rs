@@ -6,6 +6,7 @@ mod bench_decode;
 mod demo;
 mod kernels;
 mod lifecycle;
+mod plot;
 mod run;
 mod selftest;
 
@@ -39,6 +40,8 @@ enum Command {
     Selftest(selftest::Args),
     /// Write every kernel's PTX and CUBIN for an architecture, without a GPU.
     Kernels(kernels::Args),
+    /// Draw prefill time per token against T (log scales, SVG) from bench and anchor JSON files.
+    Plot(plot::Args),
 }
 
 /// A failure of a command: the exit code and a one-line message (printed once, by `main`).
@@ -190,6 +193,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::main(a),
         Command::Selftest(a) => selftest::main(a),
         Command::Kernels(a) => kernels::main(a),
+        Command::Plot(a) => plot::main(a),
     });
     let Ok(r) = r else {
         return ExitCode::from(1);
