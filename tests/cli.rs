@@ -1373,32 +1373,15 @@ fn plot_draws_bench_and_anchor_files() {
         files[0].to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    let bad = dir.join("bad.json");
-    std::fs::write(&bad, "not json").unwrap();
-    let o = deltanet(&[
-        "plot",
-        "--out",
-        svg.to_str().unwrap(),
-        bad.to_str().unwrap(),
-    ]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("bad.json") && stderr(&o).contains("not JSON"),
-        "{}",
-        stderr(&o)
-    );
-    let none = dir.join("none.json");
-    std::fs::write(&none, "[]").unwrap();
-    let o = deltanet(&[
-        "plot",
-        "--out",
-        svg.to_str().unwrap(),
-        none.to_str().unwrap(),
-    ]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("no prefill measurements"),
-        "{}",
-        stderr(&o)
-    );
+    // A file that is not JSON, and one with no prefill measurement: bad data, named.
+    for (name, content, needle) in [
+        ("bad.json", "not json", "bad.json: not JSON"),
+        ("none.json", "[]", "no prefill measurements"),
+    ] {
+        let f = dir.join(name);
+        std::fs::write(&f, content).unwrap();
+        let o = deltanet(&["plot", "--out", svg.to_str().unwrap(), f.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(stderr(&o).contains(needle), "{}", stderr(&o));
+    }
 }
