@@ -546,10 +546,12 @@ def decode_step(
     except ValueError as e:
         raise ValueError(_fla_names(str(e))) from None
     pool = _as_numpy("state_pool", state_pool)
-    if pool.dtype != np.float32 or not pool.flags.c_contiguous or not pool.flags.writeable:
+    f = pool.flags
+    if pool.dtype != np.float32 or not (f.c_contiguous and f.writeable and f.aligned):
         raise ValueError(
-            "state_pool: expected a writable contiguous float32 array (updated in place), got "
-            f"dtype {pool.dtype}, contiguous {pool.flags.c_contiguous}, writable {pool.flags.writeable}"
+            "state_pool: expected a writable aligned contiguous float32 array (updated in place), "
+            f"got dtype {pool.dtype}, contiguous {f.c_contiguous}, writable {f.writeable}, "
+            f"aligned {f.aligned}"
         )
     qs, vs = tuple(getattr(q, "shape", ())), tuple(getattr(v, "shape", ()))
     n, t = (qs + (0, 0))[:2]
@@ -567,8 +569,8 @@ def decode_step(
         "token_state_indices": _index_list("token_state_indices", token_state_indices, (n, t)),
     }
     try:
-        o, pool_after, ts = _native.decode(tensors, _raw("state_pool", pool), indices, token_states, options)
+        # The step updates the pool where it lies (its memory is handed over by address).
+        o, ts = _native.decode(tensors, (pool.ctypes.data, pool.size), indices, token_states, options)
     except ValueError as e:
         raise ValueError(_fla_names(re.sub(r"^state:", "state_pool:", str(e)))) from None
-    np.copyto(pool, np.frombuffer(pool_after[0], dtype=np.float32).reshape(pool.shape))
     return _cast_like(_wrap(o, v), o_dtype), None if ts is None else _wrap(ts, v)

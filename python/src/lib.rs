@@ -290,53 +290,61 @@ struct RawIndices {
 }
 
 /// One decode step over a state pool on the CPU ([`deltanet::decode_step`]): `tensors` as in
-/// [`run`] (N sequences of T tokens as B and T; `initial_state` None), `pool` the `[P, HV, K, V]`
-/// f32 pool (`[P, HV, V, K]` with `state_v_first`), `indices` a dict of `state_indices`,
-/// `out_state_indices` and `token_state_indices` (lists or None). Returns `(o, pool after the
-/// step, token_states)`: the Python layer copies the pool back into the caller's array, which
-/// is how the step updates it in place.
+/// [`run`] (N sequences of T tokens as B and T; `initial_state` None), `pool` the address and
+/// element count of the caller's `[P, HV, K, V]` f32 pool (`[P, HV, V, K]` with
+/// `state_v_first`), updated where it lies; `indices` a dict of `state_indices`,
+/// `out_state_indices` and `token_state_indices` (lists or None). Every argument is checked
+/// before the pool is touched. Returns `(o, token_states)`.
+///
+/// The pool is memory of a numpy array the Python layer checked to be a writable, aligned,
+/// C-contiguous float32 array of that many elements, alive for the call; only the package's
+/// Python layer calls this.
 #[pyfunction]
 fn decode(
     py: Python<'_>,
     tensors: &Bound<'_, PyAny>,
-    pool: RawTensor<'_>,
+    pool: (usize, usize),
     indices: &Bound<'_, PyAny>,
     token_states: bool,
     options: &Bound<'_, PyAny>,
-) -> PyResult<(OutTensor, OutTensor, Option<OutTensor>)> {
+) -> PyResult<(OutTensor, Option<OutTensor>)> {
     let raw: Tensors<RawTensor<'_>> = tensors.extract()?;
     let idx: RawIndices = indices.extract()?;
     let opts: RawOptions = options.extract()?;
     let views = raw.map(|t| View::of(t));
-    let pool_view = View::of(&pool);
+    let (addr, len) = pool;
+    if len > 0 && (addr == 0 || addr % std::mem::align_of::<f32>() != 0) {
+        return Err(to_py_err(Error::invalid(
+            "state_pool",
+            "an aligned float32 buffer",
+            format!("address {addr:#x}"),
+        )));
+    }
     let step = || -> Result<_, Error> {
         let options = library_options(&opts)?;
         let x = inputs(&views, None)?;
-        let pool_t = pool_view.tensor("state_pool")?;
-        if pool_t.dtype() != DType::F32 {
-            return Err(Error::invalid("state_pool", "dtype f32", pool_t.dtype()));
-        }
-        let shape = pool_t.shape().to_vec();
-        let mut rows = pool_t.to_f32().into_owned();
+        // SAFETY: the Python layer's promise above: `len` f32 at `addr`, writable, aligned,
+        // alive for this call, and touched by nothing else while it runs.
+        let rows: &mut [f32] = if len == 0 {
+            &mut []
+        } else {
+            unsafe { std::slice::from_raw_parts_mut(addr as *mut f32, len) }
+        };
         let si = StateIndices {
             read: idx.state_indices.as_deref().map(Indices::I64),
             write: idx.out_state_indices.as_deref().map(Indices::I64),
             per_token: idx.token_state_indices.as_deref().map(Indices::I64),
         };
-        let out = decode_step(&Device::Cpu, &x, &mut rows, &si, token_states, &options)?;
-        Ok((out.o, Tensor::from_f32(rows, shape)?, out.token_states))
+        let out = decode_step(&Device::Cpu, &x, rows, &si, token_states, &options)?;
+        Ok((out.o, out.token_states))
     };
-    let (o, pool_after, ts) = py
+    let (o, ts) = py
         .detach(|| {
             catch_unwind(AssertUnwindSafe(step))
                 .unwrap_or_else(|_| Err(Error::internal("a panic in the decode step")))
         })
         .map_err(to_py_err)?;
-    Ok((
-        to_out(py, &o),
-        to_out(py, &pool_after),
-        ts.map(|t| to_out(py, &t)),
-    ))
+    Ok((to_out(py, &o), ts.map(|t| to_out(py, &t))))
 }
 
 /// A result tensor as the Python layer reads it (its bytes copied into a new `bytearray`).
