@@ -76,6 +76,19 @@ fn tunings() -> Vec<fused::Tuning> {
             nbuf: Some(1),
             ..Tuning::default()
         },
+        Tuning {
+            regs: Some(true),
+            split: Some(true),
+            vt: Some(32),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            split: Some(true),
+            vt: Some(16),
+            nbuf: Some(1),
+            ..Tuning::default()
+        },
     ]
 }
 

@@ -74,25 +74,46 @@ pub fn layer_inputs(
     dtype: DType,
     l2norm: bool,
 ) -> Result<Inputs<'static>> {
+    layer_inputs_periodic(rng, shape, dtype, l2norm, usize::MAX)
+}
+
+/// [`layer_inputs`] whose values repeat every `period` tokens of the packed `B x T` tokens (only
+/// the first `period` are drawn): `bench` uses it at long T, where drawing every value would take
+/// minutes while the kernels' time does not depend on the values.
+pub fn layer_inputs_periodic(
+    rng: &mut Rng,
+    shape: [usize; 6],
+    dtype: DType,
+    l2norm: bool,
+    period: usize,
+) -> Result<Inputs<'static>> {
     let [b, t, h, hv, dk, dv] = shape;
     let nq = crate::error::checked_numel("q", &[b, t, h, dk])?;
     let nv = crate::error::checked_numel("v", &[b, t, hv, dv])?;
     let ng = crate::error::checked_numel("g", &[b, t, hv])?;
-    let q = rng.normal(nq, 1.0);
-    let k = rng.normal(nq, 1.0);
+    let drawn = crate::error::checked_numel("T", &[b, t])?.min(period.max(1));
+    let q = rng.normal(drawn * h * dk, 1.0);
+    let k = rng.normal(drawn * h * dk, 1.0);
     let k = if l2norm { k } else { unit_rows(k, dk) };
     let q = if l2norm { q } else { unit_rows(q, dk) };
-    let v = rng.normal(nv, 1.0);
-    let g: Vec<f32> = (0..ng)
+    let v = rng.normal(drawn * hv * dv, 1.0);
+    let g: Vec<f32> = (0..drawn * hv)
         .map(|_| -softplus32(rng.range(-5.0, 1.0)) * 0.5)
         .collect();
-    let beta: Vec<f32> = (0..ng).map(|_| rng.range(0.0, 1.0)).collect();
+    let beta: Vec<f32> = (0..drawn * hv).map(|_| rng.range(0.0, 1.0)).collect();
+    let cycle = |x: Vec<f32>, n: usize| -> Vec<f32> {
+        if x.len() == n {
+            x
+        } else {
+            x.iter().copied().cycle().take(n).collect()
+        }
+    };
     Ok(Inputs::new(
-        Tensor::cast_from_f32(&q, vec![b, t, h, dk], dtype)?,
-        Tensor::cast_from_f32(&k, vec![b, t, h, dk], dtype)?,
-        Tensor::cast_from_f32(&v, vec![b, t, hv, dv], dtype)?,
-        Tensor::from_f32(g, vec![b, t, hv])?,
-        Tensor::from_f32(beta, vec![b, t, hv])?,
+        Tensor::cast_from_f32(&cycle(q, nq), vec![b, t, h, dk], dtype)?,
+        Tensor::cast_from_f32(&cycle(k, nq), vec![b, t, h, dk], dtype)?,
+        Tensor::cast_from_f32(&cycle(v, nv), vec![b, t, hv, dv], dtype)?,
+        Tensor::from_f32(cycle(g, ng), vec![b, t, hv])?,
+        Tensor::from_f32(cycle(beta, ng), vec![b, t, hv])?,
     ))
 }
 

@@ -23,7 +23,9 @@ pub mod gen;
 mod stages;
 pub mod vectors;
 
-pub use gen::{layer_inputs, random_case, token_range, unit_rows, Case, Rng, Spec};
+pub use gen::{
+    layer_inputs, layer_inputs_periodic, random_case, token_range, unit_rows, Case, Rng, Spec,
+};
 pub use vectors::{check_vector_file, load_vector, vector_files, VectorCase};
 
 /// The outcome of one check.

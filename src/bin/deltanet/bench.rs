@@ -3,12 +3,22 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use deltanet::selftest::{layer_inputs, Rng};
-use deltanet::{activate, cpu, upload_inputs, DType, Device, HostIo, Options, Problem};
+use deltanet::selftest::{layer_inputs_periodic, Rng};
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+use deltanet::cuda::{CudaDevice, DeviceMut, DeviceRef, ForwardIo, Plan, TokenInputs, Workspace};
+use deltanet::{
+    activate, cpu, upload_inputs, DType, Data, Device, Error, HostIo, Inputs, Options, Problem,
+    Tensor,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::{device_arg, open_device, CmdResult, Failure};
+
+/// Tokens after which the prefill's inputs repeat (see `layer_inputs_periodic`).
+const PERIOD: usize = 8192;
 
 /// What to time.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -244,8 +254,8 @@ pub fn main(a: Args) -> CmdResult {
         .filter(|&w| w != Work::Decode)
         .collect();
     let rows = match &device {
-        Device::Cpu => bench_on(&cpu::Cpu, &a, &others, &opts, &bar),
-        Device::Cuda(d) => bench_on(d.as_ref(), &a, &others, &opts, &bar),
+        Device::Cpu => bench_on(&cpu::Cpu, &a, &others, &opts, &bar, None),
+        Device::Cuda(d) => bench_on(d.as_ref(), &a, &others, &opts, &bar, Some(d)),
     };
     let mut rows = rows?;
     if works.contains(&Work::Decode) {
@@ -282,6 +292,9 @@ pub fn main(a: Args) -> CmdResult {
         None => String::new(),
     };
     let runs = if a.repeats == 1 { "run" } else { "runs" };
+    if b * t > PERIOD && a.work != Work::Decode {
+        println!("inputs repeat every {PERIOD} tokens (drawing them all would take minutes)");
+    }
     println!(
         "device {}  shape B={b} T={t}{varlen} H={h} HV={hv} K={k} V={v}  {}  chunk {}  {} warm-up + {} timed {runs}",
         device.name(),
@@ -383,29 +396,36 @@ fn time_n<D: HostIo>(
     Ok(times)
 }
 
+/// `gpu`: time the prefill through the engine API on it (see [`prefill_engine`]).
 fn bench_on<D: HostIo>(
     dev: &D,
     a: &Args,
     works: &[Work],
     opts: &Options,
     bar: &ProgressBar,
+    gpu: Option<&Arc<CudaDevice>>,
 ) -> Result<Vec<Row>, Failure> {
     let [b, t, h, hv, k, v] = a.shape.0;
     let mut rng = Rng::new(0);
     let mut rows = Vec::new();
     let f4 = 4u128;
     if works.contains(&Work::Prefill) || works.contains(&Work::SolveTril) {
-        let mut x = layer_inputs(&mut rng, [b, t, h, hv, k, v], a.dtype, false)?;
+        let shape = [b, t, h, hv, k, v];
+        let mut x = layer_inputs_periodic(&mut rng, shape, a.dtype, false, PERIOD)?;
         if let Some(n) = a.varlen {
             x.cu_seqlens = Some(varlen_cu_seqlens(n as usize, t));
         }
         let p = Problem::from_inputs(&x, opts)?;
-        let s = upload_inputs(dev, &p, &x, opts)?;
-        dev.synchronize()?;
         if works.contains(&Work::Prefill) {
-            let times = time_n(dev, a, bar, "prefill", &mut || {
-                dev.forward(&p, opts, &s).map(|_| ())
-            })?;
+            let times = match gpu {
+                Some(d) => prefill_engine(d, a, bar, &p, &x, opts)?,
+                None => {
+                    let s = upload_inputs(dev, &p, &x, opts)?;
+                    time_n(dev, a, bar, "prefill", &mut || {
+                        dev.forward(&p, opts, &s).map(|_| ())
+                    })?
+                }
+            };
             rows.push(Row {
                 work: "prefill",
                 times_ms: times,
@@ -415,6 +435,8 @@ fn bench_on<D: HostIo>(
             });
         }
         if works.contains(&Work::SolveTril) {
+            let s = upload_inputs(dev, &p, &x, opts)?;
+            dev.synchronize()?;
             let act = activate(dev, &p, opts, &s)?;
             let gamma = dev.chunk_local_cumsum(&p, &act.g)?;
             let a_strict = dev.chunk_scaled_dot_kkt(&p, act.k(), &act.beta, &gamma)?;
@@ -434,6 +456,100 @@ fn bench_on<D: HostIo>(
         }
     }
     Ok(rows)
+}
+
+/// The prefill on a GPU as an engine runs it ([`Plan::forward`]): q, k, v in their own dtype
+/// on the device, `o` written in that dtype, the final state in f32, the intermediates in a
+/// workspace allocated once.
+fn prefill_engine(
+    dev: &Arc<CudaDevice>,
+    a: &Args,
+    bar: &ProgressBar,
+    p: &Problem,
+    x: &Inputs<'_>,
+    opts: &Options,
+) -> deltanet::Result<Vec<f64>> {
+    let stream = dev.stream().clone();
+    let cuda = |what: &'static str| {
+        move |e: cudarc::driver::DriverError| Error::Cuda {
+            context: what.to_string(),
+            message: e.to_string(),
+        }
+    };
+    let up16 = |t: &Tensor<'_>| -> deltanet::Result<CudaSlice<u16>> {
+        let bits: &[u16] = match t.data() {
+            Data::BF16(d) => bytemuck::cast_slice(d),
+            Data::F16(d) => bytemuck::cast_slice(d),
+            Data::F32(_) => &[],
+        };
+        stream.clone_htod(bits).map_err(cuda("uploading q, k, v"))
+    };
+    let up32 = |t: &Tensor<'_>| {
+        stream
+            .clone_htod(t.to_f32().as_ref())
+            .map_err(cuda("uploading"))
+    };
+    let plan = Plan::new(dev.clone(), p, opts, a.dtype)?;
+    let (g, beta) = (up32(&x.g)?, up32(&x.beta)?);
+    let n_o = p.tokens() * p.v_heads() * p.dv();
+    let n_s = p.num_seqs() * p.v_heads() * p.dk() * p.dv();
+    let mut state = stream.alloc_zeros::<f32>(n_s).map_err(cuda("allocating"))?;
+    let mut ws = stream
+        .alloc_zeros::<u8>(plan.forward_workspace_bytes())
+        .map_err(cuda("allocating the workspace"))?;
+    // f32 inputs in f32 buffers, 16-bit ones in u16 buffers (the views check element sizes).
+    enum Qkv {
+        Wide([CudaSlice<f32>; 3], CudaSlice<f32>),
+        Narrow([CudaSlice<u16>; 3], CudaSlice<u16>),
+    }
+    let mut qkv = if a.dtype == DType::F32 {
+        Qkv::Wide(
+            [up32(&x.q)?, up32(&x.k)?, up32(&x.v)?],
+            stream
+                .alloc_zeros::<f32>(n_o)
+                .map_err(cuda("allocating o"))?,
+        )
+    } else {
+        Qkv::Narrow(
+            [up16(&x.q)?, up16(&x.k)?, up16(&x.v)?],
+            stream
+                .alloc_zeros::<u16>(n_o)
+                .map_err(cuda("allocating o"))?,
+        )
+    };
+    dev.synchronize()?;
+    let dt = a.dtype;
+    let mut run = || -> deltanet::Result<()> {
+        let (inputs, o) = match &mut qkv {
+            Qkv::Wide([q, k, v], o) => (
+                [
+                    DeviceRef::new(q, dt)?,
+                    DeviceRef::new(k, dt)?,
+                    DeviceRef::new(v, dt)?,
+                ],
+                DeviceMut::new(o, dt)?,
+            ),
+            Qkv::Narrow([q, k, v], o) => (
+                [
+                    DeviceRef::new(q, dt)?,
+                    DeviceRef::new(k, dt)?,
+                    DeviceRef::new(v, dt)?,
+                ],
+                DeviceMut::new(o, dt)?,
+            ),
+        };
+        let [q, k, v] = inputs;
+        let t = TokenInputs::new(
+            q,
+            k,
+            v,
+            DeviceRef::new(&g, DType::F32)?,
+            DeviceRef::new(&beta, DType::F32)?,
+        );
+        let io = ForwardIo::new(t, o, DeviceMut::new(&mut state, DType::F32)?);
+        plan.forward(io, Workspace::new(&mut ws))
+    };
+    time_n(dev.as_ref(), a, bar, "prefill", &mut run)
 }
 
 #[cfg(test)]

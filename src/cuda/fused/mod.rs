@@ -119,6 +119,9 @@ pub struct Config {
     /// bf16 pieces per f32 operand in `chunk_recurrent_regs` (and the `a_inv`, `p` planes):
     /// 3 exact, 1 or 2 fast.
     pub pieces: usize,
+    /// `chunk_recurrent_regs` with a second warp per 16 columns forming the output beside the
+    /// state warp (`SPLIT_OUT`).
+    pub split: bool,
 }
 
 impl Config {
@@ -130,7 +133,8 @@ impl Config {
         };
         format!(
             "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
-             #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n",
+             #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n\
+             #define SPLIT_OUT {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -140,7 +144,8 @@ impl Config {
             i32::from(self.wide),
             self.threads(Kernel::ChunkRecurrent),
             i32::from(self.regs),
-            self.pieces
+            self.pieces,
+            i32::from(self.split)
         )
     }
 
@@ -171,7 +176,7 @@ impl Config {
     pub fn threads(&self, kernel: Kernel) -> u32 {
         match kernel {
             Kernel::ChunkRecurrent if self.wide => 512,
-            Kernel::ChunkRecurrentRegs => 2 * self.vt as u32,
+            Kernel::ChunkRecurrentRegs => 2 * self.vt as u32 * if self.split { 2 } else { 1 },
             _ => THREADS,
         }
     }
@@ -196,8 +201,15 @@ impl Config {
             Kernel::ChunkRecurrentRegs => {
                 let (sk, spl, svr) = (self.dk + 8, self.pieces * CHUNK + 8, self.vt + 8);
                 let stage = (2 * CHUNK * sk + 2 * CHUNK * spl + CHUNK * svr) * 2 + CHUNK * 16;
-                // Each warp's K x 16 f32 state slice after the stage buffers.
-                self.nbuf * stage + (self.vt / 16) * self.dk * 16 * 4
+                // Each group's K x 16 f32 state slice after the stage buffers; when split, its
+                // v_new^T (64 x 16 f32) and first bad row after those.
+                let groups = self.vt / 16;
+                let split = if self.split {
+                    groups * (CHUNK * 16 * 4 + 4)
+                } else {
+                    0
+                };
+                self.nbuf * stage + groups * self.dk * 16 * 4 + split
             }
         }
     }
@@ -246,6 +258,7 @@ pub fn standard_configs() -> Vec<Config> {
         wide,
         regs: false,
         pieces: 3,
+        split: false,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -259,10 +272,18 @@ pub fn standard_configs() -> Vec<Config> {
             v.push(config(dk, dv, 32, dtype, 1, false));
         }
     }
-    for (dk, vt, pieces) in [(128, 32, 3), (128, 128, 3), (64, 64, 3), (128, 32, 1)] {
+    for (dk, vt, pieces, split) in [
+        (128, 32, 3, false),
+        (128, 128, 3, false),
+        (64, 64, 3, false),
+        (128, 32, 1, false),
+        (128, 32, 3, true),
+        (128, 64, 3, true),
+    ] {
         v.push(Config {
             regs: true,
             pieces,
+            split,
             ..config(dk, 128, vt, DType::BF16, 2, false)
         });
     }
@@ -329,16 +350,20 @@ pub struct Tuning {
     /// The tile products in plain f32 FMA instead of the tensor cores (a cross-check).
     pub fma: bool,
     /// `chunk_recurrent_regs` where it applies (bf16 inputs, K <= 128); by default taken there
-    /// for the fast precision, and for the exact one when its blocks have 8 warps.
+    /// in both precisions.
     pub regs: Option<bool>,
     /// bf16 pieces per f32 operand there (1..=3); by default 3, or 1 with
     /// [`crate::Precision::Fast`].
     pub pieces: Option<usize>,
+    /// The split `chunk_recurrent_regs` (an output warp beside each state warp); by default
+    /// taken where the plain kernel's blocks would hold fewer than 128 columns.
+    pub split: Option<bool>,
 }
 
 impl Tuning {
     /// From the environment: `DELTANET_FUSED_VT`, `DELTANET_FUSED_NBUF`,
-    /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`, `DELTANET_FUSED_REGS=0|1`.
+    /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`, `DELTANET_FUSED_REGS=0|1`,
+    /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -355,6 +380,7 @@ impl Tuning {
             fma: std::env::var("DELTANET_FUSED_MMA").is_ok_and(|v| v == "0"),
             regs: flag("DELTANET_FUSED_REGS"),
             pieces: num("DELTANET_FUSED_PIECES"),
+            split: flag("DELTANET_FUSED_SPLIT"),
         }
     }
 }
@@ -393,6 +419,7 @@ fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &
         wide,
         regs: false,
         pieces: 3,
+        split: false,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -422,18 +449,29 @@ fn regs_config(
     }
     let fits = |vt: usize| vt % 16 == 0 && vt <= 128 && dv % vt == 0;
     let sms = sm_count(dev);
-    let mut vt = [128, 64, 32, 16]
-        .into_iter()
-        .find(|&vt| fits(vt) && 10 * p.num_seqs() * p.v_heads() * (dv / vt) >= 9 * sms)
-        .unwrap_or(16);
-    // Measured on an H200 (NOTES-GPU.md, version 7): with blocks of 8 warps (B=8 HV=32) the
-    // exact kernel beats chunk_recurrent (6.35 vs 11.0 ms at T=8192); with one block of two
-    // warps per SM (B=1 HV=32) it loses (6.9 vs 5.5 ms at T=32768). So exact takes it by
-    // default only with 8 warps per block; the fast precision always.
-    if tuning.regs.is_none() && opts.precision == crate::Precision::Exact && vt < 128 {
-        return None;
+    // The widest tile (up to `widest` columns) whose blocks still number about one per SM.
+    let pick = |widest: usize| {
+        [128, 64, 32, 16]
+            .into_iter()
+            .find(|&vt| {
+                vt <= widest && fits(vt) && 10 * p.num_seqs() * p.v_heads() * (dv / vt) >= 9 * sms
+            })
+            .unwrap_or(16)
+    };
+    // Measured on an H200 (NOTES-GPU.md, versions 7 and 8): with blocks of 8 warps (B=8 HV=32,
+    // 128 columns) the plain kernel is fastest (exact 6.35 ms at T=8192; split 7.16); with
+    // fewer sequences (B=1 HV=32: 32 columns, two warps per block) the split kernel is (exact
+    // 4.91 ms at T=32768 against 6.77 plain and 5.5 for chunk_recurrent; fast 3.05 against
+    // 3.87). So the split kernel is taken where the plain one's blocks would be narrower than
+    // 128 columns. Its blocks have two warps per 16 columns: at most 64 columns (8 warps) keep
+    // 255 registers a thread.
+    let mut vt = pick(128);
+    let split = tuning.split.unwrap_or(vt < 128);
+    let widest = if split { 64 } else { 128 };
+    if split {
+        vt = pick(widest);
     }
-    if let Some(t) = tuning.vt.filter(|&t| fits(t)) {
+    if let Some(t) = tuning.vt.filter(|&t| fits(t) && t <= widest) {
         vt = t;
     }
     let mut cfg = Config {
@@ -450,6 +488,7 @@ fn regs_config(
             _ if opts.precision == crate::Precision::Fast => 1,
             _ => 3,
         },
+        split,
     };
     let max = dev.max_shared_per_block();
     if cfg.shared_bytes(Kernel::ChunkRecurrentRegs) > max {

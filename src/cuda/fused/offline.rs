@@ -120,7 +120,7 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
     for cfg in standard_configs() {
         for kernel in cfg.kernels() {
             let name = format!(
-                "fused_{}_k{}_v{}_vt{}_{}{}{}",
+                "fused_{}_k{}_v{}_vt{}_{}{}{}{}",
                 kernel.name(),
                 cfg.dk,
                 cfg.dv,
@@ -131,7 +131,8 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
                     format!("_pieces{}", cfg.pieces)
                 } else {
                     String::new()
-                }
+                },
+                if cfg.split { "_split" } else { "" }
             );
             let text = format!("{}{COMMON}\n{MMA}\n{}", cfg.defines(), kernel.text());
             out.push(compile(&name, &text, arch, &options(arch, &[]))?);

@@ -20,11 +20,20 @@
 //   v_new^T = R^T a_inv^T                       (a_inv lower triangular: 10 of 16 blocks)
 //   o^T     = (h^T Q^T) diag(scale rq d) + v_new^T p^T   (p lower triangular too)
 //   h^T     = d_last h^T + (v_new^T diag(rk D_last)) K
+// SPLIT_OUT = 1 gives each 16 columns a second warp for the output: the state warp forms KH^T,
+// v_new^T and the update (the chain that carries h from chunk to chunk), the output warp forms
+// QH^T and o^T from the same h (shared memory) and from v_new^T (passed through shared memory),
+// beside it. Why: one block of two warps per SM (B = 1, HV = 32) is bound by the latency of one
+// warp's chain of products; the split shortens that chain from five products to three and puts
+// four warps on each SM. Named barriers order the hand-overs (see the chunk loop).
 // Non-finite inputs, as chunk_recurrent: lv is the first row marked by chunk_intra (NaN
 // scalings) or holding a non-finite v in this warp's columns; R is zeroed from lv on, the outputs
 // from lv on and the state leaving the chunk are NaN for these columns.
-#define THREADS (VT * 2)
-#define WARPS (VT / 16)
+#ifndef SPLIT_OUT
+#define SPLIT_OUT 0
+#endif
+#define GROUPS (VT / 16)  // 16-column groups, each with a state warp (and an output warp)
+#define THREADS (GROUPS * 32 * (1 + SPLIT_OUT))
 #define C 64
 #define SK (DK + 8)      // K and Q rows (bf16): consecutive rows 4 banks apart, so the 8 rows of
                          // an ldmatrix hit distinct banks
@@ -32,10 +41,18 @@
 #define SVR (VT + 8)
 #define NDT (DK / 8)     // h^T as 16 x 8 tiles over K
 #define NTT (C / 8)      // 16 x 8 tiles over the chunk's rows
+#define UPD (NDT < 8 ? NDT : 8)  // tiles of h^T updated at once
 typedef unsigned short u16;
 // Between the phases of a chunk: the compiler would otherwise keep row scalings loaded in one
 // phase alive in registers for the next (they are reread from shared memory instead).
 #define PHASE() asm volatile("" ::: "memory")
+// Named barriers (ids 1, 2; 0 is __syncthreads) for the hand-overs between a group's warps.
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
 
 struct RecParams {
     u64 q, k, v, a_inv, p, scal;  // q, k, v bf16; a_inv, p bf16 planes; scal f32 (chunk_intra)
@@ -138,11 +155,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
     const i64* __restrict__ chunk_len = (const i64*)P.chunk_len;
     const i64* __restrict__ seq_first_chunk = (const i64*)P.seq_first_chunk;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int grp = warp % GROUPS;
+    const bool state_warp = warp < GROUPS;  // else this group's output warp (SPLIT_OUT)
     const i64 hv = P.hv, tiles = DV / VT, kv = (i64)DK * DV;
     // Fragment element e of tile nb: row (state column) g + 8 (e >> 1), column 8 nb + 2t + (e & 1).
-    const int cw = 16 * warp;
-    // This warp's state slice (see hs below), after the stage buffers.
-    float4* hs = (float4*)(smem_raw + NBUF * stage_bytes()) + warp * (NDT * 32) + lane;
+    const int cw = 16 * grp;
+    // This group's state slice (see hs below), after the stage buffers.
+    float4* hs_all = (float4*)(smem_raw + NBUF * stage_bytes());
+    float4* hs = hs_all + grp * (NDT * 32) + lane;
+#if SPLIT_OUT
+    // v_new^T of this group in fragment order, then the groups' first bad rows (lv).
+    float4* vx = hs_all + GROUPS * (NDT * 32) + grp * (NTT * 32) + lane;
+    int* lv_at = (int*)(hs_all + GROUPS * (NDT + NTT) * 32) + grp;
+#endif
 
     BLOCK_LOOP(item, P.seqs * hv * tiles) {
         const i64 tile = item % tiles, rest = item / tiles;
@@ -166,6 +191,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         // accumulator fragment of tile nd of h^T (element e at offset state_at(nd, e) from the
         // lane's first element in the state layout).
         const i64 sbase = (n * hv + j) * kv + c0 + cw + g + 2 * t * DV;
+        if (state_warp)
 #pragma unroll
         for (int nd = 0; nd < NDT; ++nd) {
             float x[4];
@@ -191,7 +217,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             const Stage st = stage_at(smem_raw + b * stage_bytes());
             const SmemRows Kr = smem_rows(st.K, SK), Qr = smem_rows(st.Q, SK);
             const SmemRows Xr = smem_rows(st.X, SPL), Pr = smem_rows(st.Pm, SPL);
-            if (hst) {
+            // The state entering the chunk, by the warp that reads h anyway (the output warp when
+            // split: off the state warp's chain).
+            if (hst && (!SPLIT_OUT || !state_warp)) {
                 float* hp = hst + (ci * hv + j) * kv + c0 + cw + g + 2 * t * DV;
 #pragma unroll
                 for (int nd = 0; nd < NDT; ++nd) {
@@ -202,48 +230,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     hp[state_at(nd, 3)] = x.w;
                 }
             }
-            // KH^T.
-            float kh_[NTT][4];
-            h_times(kh_, hs, Kr);
-            // R^T in place of KH^T; lv.
-            int bad = len;
-#pragma unroll
-            for (int nb = 0; nb < NTT; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = 8 * nb + 2 * t + (e & 1), cc = cw + g + 8 * (e >> 1);
-                    const float4 s = st.sc[r];
-                    const float vr = __uint_as_float(((unsigned)st.Vr[r * SVR + cc]) << 16);
-                    if (r < len && (isnan(s.w) || !isfinite(vr))) bad = min(bad, r);
-                    kh_[nb][e] = fmaf(-s.x, kh_[nb][e], vr);
-                }
-            const int lv = __reduce_min_sync(0xffffffffu, bad);
-            PHASE();
-            if (lv < len) {  // the same for the whole warp
+            // o^T = QH^T diag(scale rq d) + v_new^T p^T, p lower triangular as a_inv: the first
+            // term needs only h, the second v_new.
+            auto output_qh = [&](float (&qh)[NTT][4]) {
+                h_times(qh, hs, Qr);
 #pragma unroll
                 for (int nb = 0; nb < NTT; ++nb)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (8 * nb + 2 * t + (e & 1) >= lv) kh_[nb][e] = 0.0f;
-            }
-            // v_new^T = R^T a_inv^T: block (rows 16m.., columns 16kb..) of a_inv is zero for kb > m.
-            float vn[NTT][4];
-#pragma unroll
-            for (int a = 0; a < NTT; ++a)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) vn[a][e] = 0.0f;
-            times_planes(vn, kh_, Xr);
-            // o^T = QH^T diag(scale rq d) + v_new^T p^T, p lower triangular as a_inv. (QH^T is
-            // formed here rather than beside KH^T, splitting h again: fewer live registers.)
-            PHASE();
-            float qh[NTT][4];
-            h_times(qh, hs, Qr);
-#pragma unroll
-            for (int nb = 0; nb < NTT; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) qh[nb][e] *= st.sc[8 * nb + 2 * t + (e & 1)].y;
-            times_planes(qh, vn, Pr);
-            {
+                    for (int e = 0; e < 4; ++e) qh[nb][e] *= st.sc[8 * nb + 2 * t + (e & 1)].y;
+            };
+            auto output_rest = [&](float (&qh)[NTT][4], const float (&vn)[NTT][4], int lv) {
+                times_planes(qh, vn, Pr);
                 // Row stride of o, opaque here so that the 16 row offsets are formed at the
                 // stores rather than hoisted out of the loop into 32 live registers.
                 i64 rs = hv * DV;
@@ -258,48 +255,124 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                             op[(8 * nb + (e & 1)) * rs + 8 * (e >> 1)] =
                                 r < lv ? qh[nb][e] : __int_as_float(0x7fc00000);
                     }
+            };
+            float vn[NTT][4];
+            int lv = len;
+            if (state_warp) {
+                // KH^T.
+                float kh_[NTT][4];
+                h_times(kh_, hs, Kr);
+                // R^T in place of KH^T; lv.
+                int bad = len;
+#pragma unroll
+                for (int nb = 0; nb < NTT; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = 8 * nb + 2 * t + (e & 1), cc = cw + g + 8 * (e >> 1);
+                        const float4 s = st.sc[r];
+                        const float vr = __uint_as_float(((unsigned)st.Vr[r * SVR + cc]) << 16);
+                        if (r < len && (isnan(s.w) || !isfinite(vr))) bad = min(bad, r);
+                        kh_[nb][e] = fmaf(-s.x, kh_[nb][e], vr);
+                    }
+                lv = __reduce_min_sync(0xffffffffu, bad);
+                PHASE();
+                if (lv < len) {  // the same for the whole warp
+#pragma unroll
+                    for (int nb = 0; nb < NTT; ++nb)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            if (8 * nb + 2 * t + (e & 1) >= lv) kh_[nb][e] = 0.0f;
+                }
+                // v_new^T = R^T a_inv^T: block (rows 16m.., columns 16kb..) of a_inv is zero
+                // for kb > m.
+#pragma unroll
+                for (int a = 0; a < NTT; ++a)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) vn[a][e] = 0.0f;
+                times_planes(vn, kh_, Xr);
+                PHASE();
             }
+#if SPLIT_OUT
+            // Barrier 1: v_new^T and lv are in shared memory (state warps arrive, output warps
+            // wait). Barrier 2: the output warps have read h (they arrive, state warps wait
+            // before the update overwrites it). Both count every thread of the block.
+            if (state_warp) {
+#pragma unroll
+                for (int a = 0; a < NTT; ++a) vx[32 * a] = make_float4(vn[a][0], vn[a][1], vn[a][2], vn[a][3]);
+                if (lane == 0) *lv_at = lv;
+                bar_arrive(1, THREADS);
+                bar_sync(2, THREADS);
+            } else {
+                float qh[NTT][4];
+                output_qh(qh);
+                bar_arrive(2, THREADS);
+                bar_sync(1, THREADS);
+#pragma unroll
+                for (int a = 0; a < NTT; ++a) {
+                    const float4 x = vx[32 * a];
+                    vn[a][0] = x.x;
+                    vn[a][1] = x.y;
+                    vn[a][2] = x.z;
+                    vn[a][3] = x.w;
+                }
+                output_rest(qh, vn, *lv_at);
+            }
+#else
+            {
+                // (QH^T is formed here rather than beside KH^T, splitting h again: fewer live
+                // registers.)
+                float qh[NTT][4];
+                output_qh(qh);
+                output_rest(qh, vn, lv);
+            }
+#endif
             PHASE();
-            // h^T = d_last h^T + (v_new^T diag(rk D_last)) K.
-            const float d_last = lv < len ? __int_as_float(0x7fc00000) : st.sc[len - 1].w;
-            APieces aw[C / 16];
-#pragma unroll
-            for (int kb = 0; kb < C / 16; ++kb) {
-                float w0[4], w1[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    w0[e] = vn[2 * kb][e] * st.sc[16 * kb + 2 * t + (e & 1)].z;
-                    w1[e] = vn[2 * kb + 1][e] * st.sc[16 * kb + 8 + 2 * t + (e & 1)].z;
-                }
-                aw[kb] = a_from_acc(w0, w1);
-            }
-#pragma unroll
-            for (int nd = 0; nd < NDT; nd += 2) {
-                float h[2][4];
-#pragma unroll
-                for (int x = 0; x < 2; ++x) {
-                    const float4 y = hs[32 * (nd + x)];
-                    h[x][0] = y.x * d_last;
-                    h[x][1] = y.y * d_last;
-                    h[x][2] = y.z * d_last;
-                    h[x][3] = y.w * d_last;
-                }
+            if (state_warp) {
+                // h^T = d_last h^T + (v_new^T diag(rk D_last)) K.
+                const float d_last = lv < len ? __int_as_float(0x7fc00000) : st.sc[len - 1].w;
+                APieces aw[C / 16];
 #pragma unroll
                 for (int kb = 0; kb < C / 16; ++kb) {
-                    unsigned bk[4];
-                    ldsm_bt(bk, Kr, SK, 16 * kb, 8 * nd);
-                    mma3(h[0], aw[kb], bk[0], bk[1]);
-                    mma3(h[1], aw[kb], bk[2], bk[3]);
-                }
+                    float w0[4], w1[4];
 #pragma unroll
-                for (int x = 0; x < 2; ++x) hs[32 * (nd + x)] = make_float4(h[x][0], h[x][1], h[x][2], h[x][3]);
+                    for (int e = 0; e < 4; ++e) {
+                        w0[e] = vn[2 * kb][e] * st.sc[16 * kb + 2 * t + (e & 1)].z;
+                        w1[e] = vn[2 * kb + 1][e] * st.sc[16 * kb + 8 + 2 * t + (e & 1)].z;
+                    }
+                    aw[kb] = a_from_acc(w0, w1);
+                }
+                // UPD tiles of h^T at a time: that many independent accumulator chains (two
+                // left the update waiting on each tensor-core result).
+#pragma unroll
+                for (int nd0 = 0; nd0 < NDT; nd0 += UPD) {
+                    float h[UPD][4];
+#pragma unroll
+                    for (int x = 0; x < UPD; ++x) {
+                        const float4 y = hs[32 * (nd0 + x)];
+                        h[x][0] = y.x * d_last;
+                        h[x][1] = y.y * d_last;
+                        h[x][2] = y.z * d_last;
+                        h[x][3] = y.w * d_last;
+                    }
+#pragma unroll
+                    for (int kb = 0; kb < C / 16; ++kb)
+#pragma unroll
+                        for (int x = 0; x < UPD; x += 2) {
+                            unsigned bk[4];
+                            ldsm_bt(bk, Kr, SK, 16 * kb, 8 * (nd0 + x));
+                            mma3(h[x], aw[kb], bk[0], bk[1]);
+                            mma3(h[x + 1], aw[kb], bk[2], bk[3]);
+                        }
+#pragma unroll
+                    for (int x = 0; x < UPD; ++x) hs[32 * (nd0 + x)] = make_float4(h[x][0], h[x][1], h[x][2], h[x][3]);
+                }
             }
 #if NBUF == 1
             __syncthreads();  // every warp is done with the buffer before it is refilled
             if (ci + 1 < c_end) issue(ci + 1, 0);
 #endif
         }
-        if (fin) {
+        if (fin && state_warp) {
 #pragma unroll
             for (int nd = 0; nd < NDT; ++nd)
 #pragma unroll
