@@ -409,6 +409,45 @@ fn cases() -> Vec<Case> {
             dtype: DType::F16,
             with_h0: false,
         },
+        // The fused kernels (chunk size 64), which write a 16-bit o themselves: bf16 inputs take
+        // chunk_recurrent_regs, f16 ones chunk_recurrent.
+        Case {
+            name: "bf16 fused, batch 2, l2norm, initial state",
+            dims: Dims {
+                batch: 2,
+                seq_len: 130,
+                heads: 2,
+                v_heads: 4,
+                dk: 64,
+                dv: 64,
+            },
+            cu_seqlens: None,
+            opts: Options {
+                use_qk_l2norm: true,
+                out_dtype: Some(DType::F32),
+                ..Options::default()
+            },
+            dtype: DType::BF16,
+            with_h0: true,
+        },
+        Case {
+            name: "f16 fused, varlen",
+            dims: Dims {
+                batch: 1,
+                seq_len: 200,
+                heads: 1,
+                v_heads: 2,
+                dk: 32,
+                dv: 48,
+            },
+            cu_seqlens: Some(vec![0, 70, 200]),
+            opts: Options {
+                out_dtype: Some(DType::F32),
+                ..Options::default()
+            },
+            dtype: DType::F16,
+            with_h0: false,
+        },
     ]
 }
 

@@ -769,11 +769,6 @@ impl Plan {
     fn forward_fused(&self, io: &ForwardIo<'_>, workspace: &Workspace<'_>) -> Result<()> {
         let l = fused_layout(&self.p, &self.opts, self.dtype);
         let base = workspace.ptr;
-        let o32 = if io.o.dtype == DType::F32 {
-            io.o.ptr
-        } else {
-            l.o32.at(base)
-        };
         let x = &io.inputs;
         let fio = fused::FusedIo {
             dtype: self.dtype,
@@ -785,7 +780,8 @@ impl Plan {
             a_log: x.a_log.map_or(0, |a| a.ptr),
             dt_bias: x.dt_bias.map_or(0, |d| d.ptr),
             h0: io.initial_state.as_ref().map_or(0, |h| h.ptr),
-            o: o32,
+            o: io.o.ptr,
+            o_dtype: io.o.dtype,
             final_state: io.final_state.ptr,
             chunk_states: io.chunk_states.as_ref().map_or(0, |h| h.ptr),
             workspace: l.fused.at(base),
@@ -798,9 +794,7 @@ impl Plan {
             &fio,
             &tuning,
             self.tables.ptrs(),
-        )?;
-        // SAFETY: `o32` holds `o.len` f32 (the caller's `o` when f32, else the layout's region).
-        unsafe { self.epilogue(o32, &io.o) }
+        )
     }
 
     /// The decode kernel's view of a step, where it takes it: every sequence `T` tokens long (no

@@ -122,19 +122,26 @@ pub struct Config {
     /// `chunk_recurrent_regs` with a second warp per 16 columns forming the output beside the
     /// state warp (`SPLIT_OUT`).
     pub split: bool,
+    /// The element type the recurrent kernel writes `o` in.
+    pub out: DType,
+}
+
+/// The kernels' code for an element type (IN_T, OUT_T).
+fn dtype_code(d: DType) -> i32 {
+    match d {
+        DType::F32 => 0,
+        DType::BF16 => 1,
+        DType::F16 => 2,
+    }
 }
 
 impl Config {
     fn defines(&self) -> String {
-        let in_t = match self.dtype {
-            DType::F32 => 0,
-            DType::BF16 => 1,
-            DType::F16 => 2,
-        };
+        let in_t = dtype_code(self.dtype);
         format!(
             "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
              #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n\
-             #define SPLIT_OUT {}\n",
+             #define SPLIT_OUT {}\n#define OUT_T {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -145,7 +152,8 @@ impl Config {
             self.threads(Kernel::ChunkRecurrent),
             i32::from(self.regs),
             self.pieces,
-            i32::from(self.split)
+            i32::from(self.split),
+            dtype_code(self.out)
         )
     }
 
@@ -259,6 +267,7 @@ pub fn standard_configs() -> Vec<Config> {
         regs: false,
         pieces: 3,
         split: false,
+        out: DType::F32,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -287,6 +296,17 @@ pub fn standard_configs() -> Vec<Config> {
             ..config(dk, 128, vt, DType::BF16, 2, false)
         });
     }
+    // o written in bf16 by both recurrent kernels.
+    v.push(Config {
+        out: DType::BF16,
+        ..config(128, 128, 32, DType::BF16, 2, true)
+    });
+    v.push(Config {
+        regs: true,
+        split: true,
+        out: DType::BF16,
+        ..config(128, 128, 32, DType::BF16, 2, false)
+    });
     v
 }
 
@@ -420,6 +440,7 @@ fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &
         regs: false,
         pieces: 3,
         split: false,
+        out: DType::F32,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -489,6 +510,7 @@ fn regs_config(
             _ => 3,
         },
         split,
+        out: DType::F32,
     };
     let max = dev.max_shared_per_block();
     if cfg.shared_bytes(Kernel::ChunkRecurrentRegs) > max {
@@ -522,8 +544,10 @@ pub struct FusedIo {
     pub dt_bias: u64,
     /// `[N, HV, K, V]` or 0 (zeros).
     pub h0: u64,
-    /// `[B, T, HV, V]` f32, written.
+    /// `[B, T, HV, V]`, written in `o_dtype`.
     pub o: u64,
+    /// Element type of `o` (f32, bf16 or f16; narrowed as it is stored, rounding to nearest).
+    pub o_dtype: DType,
     /// `[N, HV, K, V]` or 0, written.
     pub final_state: u64,
     /// `[chunks, HV, K, V]` or 0, written.
@@ -677,7 +701,10 @@ pub(crate) fn forward_with_tables(
             ));
         }
     }
-    let cfg = config(dev, p, opts, io.dtype, tuning);
+    let cfg = Config {
+        out: io.o_dtype,
+        ..config(dev, p, opts, io.dtype, tuning)
+    };
     let hv = p.v_heads();
     let tokens = p.tokens();
     let chunks = p.chunks().len();
@@ -834,6 +861,7 @@ pub fn forward_bufs_tuned(
         dt_bias: opt(&x.dt_bias),
         h0: opt(&x.h0),
         o: ptr(&o),
+        o_dtype: DType::F32,
         final_state: ptr(&final_state),
         chunk_states: opt(&h),
         workspace: ptr(&ws),
@@ -1045,6 +1073,7 @@ fn native_io(
         dt_bias: ptr8(&inputs[6]),
         h0: ptr8(&inputs[7]),
         o: ptr(o),
+        o_dtype: DType::F32,
         final_state: ptr(final_state),
         chunk_states: h.map_or(0, ptr),
         workspace: ptr8(ws),

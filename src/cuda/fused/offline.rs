@@ -8,6 +8,7 @@ use cudarc::nvrtc::{result, sys};
 
 use super::{standard_configs, COMMON, MMA};
 use crate::cuda::registry::{self, nvrtc_available, Key, Source};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::options::CHUNK_SIZES;
 
@@ -120,7 +121,7 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
     for cfg in standard_configs() {
         for kernel in cfg.kernels() {
             let name = format!(
-                "fused_{}_k{}_v{}_vt{}_{}{}{}{}",
+                "fused_{}_k{}_v{}_vt{}_{}{}{}{}{}",
                 kernel.name(),
                 cfg.dk,
                 cfg.dv,
@@ -132,7 +133,12 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
                 } else {
                     String::new()
                 },
-                if cfg.split { "_split" } else { "" }
+                if cfg.split { "_split" } else { "" },
+                if cfg.out == DType::F32 {
+                    String::new()
+                } else {
+                    format!("_o{}", cfg.out.name())
+                }
             );
             let text = format!("{}{COMMON}\n{MMA}\n{}", cfg.defines(), kernel.text());
             out.push(compile(&name, &text, arch, &options(arch, &[]))?);

@@ -12,8 +12,9 @@
 // Why so: w = A_inv (beta d k_hat) and u = A_inv (beta v) are never formed. The recurrent kernel
 // computes v_new = a_inv (v - diag(d rk) K h), the same value with 64 instead of K + V values
 // per token written here, and K h needs the keys it reads anyway.
-// The two K-wide products (K K^T, Q K^T) run on the tensor cores on the raw inputs (one pass for
-// bf16/f16, three for f32, see warp_mma); the norms and decays are applied to their results.
+// The two K-wide products (K K^T, Q K^T) run on the tensor cores on the raw inputs (one pass of
+// m16n8k16 for bf16/f16, three of TF32 m16n8k8 for f32, see warp_mma); the norms and decays are
+// applied to their results.
 // The 64 x 64 tri-solve is f32 FMA: 16 x 16 diagonal blocks by substitution, then block rows.
 // Non-finite inputs: lenf is the first row whose k, activated g (NaN or +inf; -inf is a reset)
 // or activated beta is not finite. A product with a zero weight still carries a NaN, so every
@@ -99,20 +100,24 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
         // 2. gamma = cumsum(g), restarted after a hard reset; lo its TwoSum error (as cumsum.cu).
         if (tid == 0) {
             float acc = 0.0f, err = 0.0f, resets = 0.0f;
-            for (int i = 0; i < len; ++i) {
-                const float x = gam[i];
-                if (x < P.reset) {
-                    acc = 0.0f;
-                    err = 0.0f;
-                    resets += 1.0f;
-                } else {
-                    const float s = acc + x, b = s - acc;
-                    err += (acc - (s - b)) + (x - b);
-                    acc = s;
+            // Unrolled (rows past len skipped) so that the loads of g are issued ahead.
+#pragma unroll
+            for (int i = 0; i < C; ++i) {
+                if (i < len) {
+                    const float x = gam[i];
+                    if (x < P.reset) {
+                        acc = 0.0f;
+                        err = 0.0f;
+                        resets += 1.0f;
+                    } else {
+                        const float s = acc + x, b = s - acc;
+                        err += (acc - (s - b)) + (x - b);
+                        acc = s;
+                    }
+                    gam[i] = acc;
+                    lo[i] = err;
+                    seg[i] = resets;
                 }
-                gam[i] = acc;
-                lo[i] = err;
-                seg[i] = resets;
             }
         }
         // 3. Row norms of k and q, one warp per row.
@@ -149,27 +154,61 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
 #pragma unroll
                 for (int e = 0; e < 4; ++e) sk[a][e] = sq[a][e] = 0.0f;
             if (cb <= rb + 15) {
+#if IN_T != 0 && FUSED_MMA
+                // 16-bit inputs: m16n8k16 on the staged rows, operands by ldmatrix (A: rows
+                // rb.. of K or Q; B = K^T: rows cb.. of K), one pass (the products are exact).
+                const SmemRows Kr = smem_rows(Ks, SK), Qr = smem_rows(Qs, SK);
+#pragma unroll
+                for (int kb = 0; kb < DK / 16; ++kb) {
+                    unsigned ak[4], aq[4], b0[4], b1[4];
+                    ldsm_x4(ak, Kr.bt + 2u * (rb * SK + 16 * kb));
+                    ldsm_x4(aq, Qr.bt + 2u * (rb * SK + 16 * kb));
+                    ldsm_b(b0, Kr, SK, cb, 16 * kb);
+                    ldsm_b(b1, Kr, SK, cb + 16, 16 * kb);
+                    mma_in16(sk[0], ak, b0[0], b0[1]);
+                    mma_in16(sk[1], ak, b0[2], b0[3]);
+                    mma_in16(sk[2], ak, b1[0], b1[1]);
+                    mma_in16(sk[3], ak, b1[2], b1[3]);
+                    mma_in16(sq[0], aq, b0[0], b0[1]);
+                    mma_in16(sq[1], aq, b0[2], b0[3]);
+                    mma_in16(sq[2], aq, b1[0], b1[1]);
+                    mma_in16(sq[3], aq, b1[2], b1[3]);
+                }
+#else
                 auto kt = [&](int kk, int n) { return to_f(Ks[(cb + n) * SK + kk]); };
                 warp_mma<SPLIT_IN, SPLIT_IN, 4, DK>(
                     sk, [&](int m, int kk) { return to_f(Ks[(rb + m) * SK + kk]); }, kt);
                 warp_mma<SPLIT_IN, SPLIT_IN, 4, DK>(
                     sq, [&](int m, int kk) { return to_f(Qs[(rb + m) * SK + kk]); }, kt);
+#endif
             }
             __syncthreads();  // dd, gam of every row are visible below
+            // Elements (e, e + 1) of a fragment are columns (l, l + 1) of one row: p is stored in
+            // pairs (one 32-bit store per plane).
 #pragma unroll
             for (int a = 0; a < 4; ++a)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = rb + frag_row(e), l = cb + 8 * a + frag_col(e);
-                    const bool valid = r < lenf && l <= r;
-                    const float dec = valid ? decay(gam[r], lo[r], seg[r], gam[l], lo[l], seg[l]) : 0.0f;
-                    if (valid && l < r) As[r * SA_ + l] = bet[r] * rk[r] * rk[l] * sk[a][e] * dec;
+                for (int e0 = 0; e0 < 4; e0 += 2) {
+                    const int r = rb + frag_row(e0);
+                    float pv[2];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int l = cb + 8 * a + frag_col(e0 + h);
+                        const bool valid = r < lenf && l <= r;
+                        const float dec = valid ? decay(gam[r], lo[r], seg[r], gam[l], lo[l], seg[l]) : 0.0f;
+                        if (valid && l < r) As[r * SA_ + l] = bet[r] * rk[r] * rk[l] * sk[a][e0 + h] * dec;
+                        pv[h] = valid ? P.scale * rq[r] * rk[l] * sq[a][e0 + h] * dec : 0.0f;
+                    }
                     if (r < len) {
-                        const float pv = valid ? P.scale * rq[r] * rk[l] * sq[a][e] * dec : 0.0f;
+                        const int l = cb + 8 * a + frag_col(e0);
 #if PLANES
-                        store_pieces((unsigned short*)P.p + ((start + r) * hv + j) * (PIECES * C) + l, C, pv);
+                        unsigned pc[3];
+                        split3(pv[0], pv[1], pc[0], pc[1], pc[2]);
+                        unsigned* dst = (unsigned*)((unsigned short*)P.p + ((start + r) * hv + j) * (PIECES * C) + l);
+#pragma unroll
+                        for (int i = 0; i < PIECES; ++i) dst[i * (C / 2)] = pc[i];
 #else
-                        pout[((start + r) * hv + j) * C + l] = pv;
+                        *(float2*)(pout + ((start + r) * hv + j) * C + l) = make_float2(pv[0], pv[1]);
 #endif
                     }
                 }
@@ -177,45 +216,75 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
         __syncthreads();
         // 5. A_inv = (I + A_strict)^-1. Diagonal 16 x 16 blocks by forward substitution, one
         //    thread per (block, column).
+        // Loops over compile-time bounds, masked per thread, in the same order of operations
+        // as the plain loops (so the same roundings): their operands' loads are issued ahead
+        // and the index arithmetic folds into constant offsets.
         if (tid < C) {
             const int b0 = (tid >> 4) * 16, cc = tid & 15;
-            for (int r = cc; r < 16; ++r) {
-                float x = r == cc ? 1.0f : 0.0f;
-                for (int m = cc; m < r; ++m)
-                    x = fmaf(-As[(b0 + r) * SA_ + b0 + m], Xs[(b0 + m) * SA_ + b0 + cc], x);
-                Xs[(b0 + r) * SA_ + b0 + cc] = x;
+            const float* Ab = As + b0 * SA_ + b0;
+            float x[16];
+#pragma unroll
+            for (int r = 0; r < 16; ++r) {
+                float acc = r == cc ? 1.0f : 0.0f;
+#pragma unroll
+                for (int m = 0; m < r; ++m)
+                    if (m >= cc) acc = fmaf(-Ab[r * SA_ + m], x[m], acc);
+                x[r] = acc;
             }
+#pragma unroll
+            for (int r = 0; r < 16; ++r)
+                if (r >= cc) Xs[(b0 + r) * SA_ + b0 + cc] = x[r];
         }
         __syncthreads();
-        // Block row bi: X_{bi,bj} = -X_{bi,bi} sum_{bj <= bk < bi} A_{bi,bk} X_{bk,bj}.
-        for (int bi = 1; bi < 4; ++bi) {
-            for (int e = tid; e < bi * 256; e += THREADS) {
-                const int bj = e >> 8, r = (e >> 4) & 15, cc = e & 15;
-                float x = 0.0f;
-                for (int m = bj * 16; m < bi * 16; ++m)
-                    x = fmaf(As[(bi * 16 + r) * SA_ + m], Xs[m * SA_ + bj * 16 + cc], x);
-                Tm[e] = x;
+        // Block row bi: X_{bi,bj} = -X_{bi,bi} sum_{bj <= bk < bi} A_{bi,bk} X_{bk,bj}; thread
+        // (r, cc) forms element (r, cc) of every block bj < bi.
+        {
+            const int r = tid >> 4, cc = tid & 15;
+#pragma unroll
+            for (int bi = 1; bi < 4; ++bi) {
+#pragma unroll
+                for (int bj = 0; bj < bi; ++bj) {
+                    float x = 0.0f;
+#pragma unroll
+                    for (int m = bj * 16; m < bi * 16; ++m)
+                        x = fmaf(As[(bi * 16 + r) * SA_ + m], Xs[m * SA_ + bj * 16 + cc], x);
+                    Tm[(bj << 8) + (r << 4) + cc] = x;
+                }
+                __syncthreads();
+#pragma unroll
+                for (int bj = 0; bj < bi; ++bj) {
+                    float x = 0.0f;
+#pragma unroll
+                    for (int m = 0; m < 16; ++m)
+                        if (m <= r) x = fmaf(Xs[(bi * 16 + r) * SA_ + bi * 16 + m], Tm[(bj << 8) + m * 16 + cc], x);
+                    Xs[(bi * 16 + r) * SA_ + bj * 16 + cc] = -x;
+                }
+                __syncthreads();
             }
-            __syncthreads();
-            for (int e = tid; e < bi * 256; e += THREADS) {
-                const int bj = e >> 8, r = (e >> 4) & 15, cc = e & 15;
-                float x = 0.0f;
-                for (int m = 0; m <= r; ++m)
-                    x = fmaf(Xs[(bi * 16 + r) * SA_ + bi * 16 + m], Tm[(bj << 8) + m * 16 + cc], x);
-                Xs[(bi * 16 + r) * SA_ + bj * 16 + cc] = -x;
-            }
-            __syncthreads();
         }
         // 6. a_inv diag(beta) and the row scalings, valid rows only (beta is 0 past len).
+#if PLANES
+        // Eight consecutive columns of one row per thread: one 16-byte store per plane.
+        for (int e = tid; e < len * (C / 8); e += THREADS) {
+            const int r = e / (C / 8), l0 = (e % (C / 8)) * 8;
+            unsigned pc[3][4];
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+                const int l = l0 + 2 * h;
+                const float x0 = r < lenf ? Xs[r * SA_ + l] * bet[l] : 0.0f;
+                const float x1 = r < lenf ? Xs[r * SA_ + l + 1] * bet[l + 1] : 0.0f;
+                split3(x0, x1, pc[0][h], pc[1][h], pc[2][h]);
+            }
+            uint4* dst = (uint4*)((unsigned short*)P.a_inv + ((start + r) * hv + j) * (PIECES * C) + l0);
+#pragma unroll
+            for (int i = 0; i < PIECES; ++i) dst[i * (C / 8)] = make_uint4(pc[i][0], pc[i][1], pc[i][2], pc[i][3]);
+        }
+#else
         for (int e = tid; e < len * C; e += THREADS) {
             const int r = e / C, l = e % C;
-            const float x = r < lenf ? Xs[r * SA_ + l] * bet[l] : 0.0f;
-#if PLANES
-            store_pieces((unsigned short*)P.a_inv + ((start + r) * hv + j) * (PIECES * C) + l, C, x);
-#else
-            a_inv[((start + r) * hv + j) * C + l] = x;
-#endif
+            a_inv[((start + r) * hv + j) * C + l] = r < lenf ? Xs[r * SA_ + l] * bet[l] : 0.0f;
         }
+#endif
         if (tid < len) {
             const int last = len - 1;
             const float dl = decay(gam[last], lo[last], seg[last], gam[tid], lo[tid], seg[tid]);

@@ -39,7 +39,7 @@
 struct RecParams {
     u64 q, k, v, a_inv, p, scal;   // inputs (q, k, v in in_t; the rest f32 from chunk_intra)
     u64 h0;                        // [N, HV, K, V] f32, or 0
-    u64 o;                         // [tokens, HV, V] f32
+    u64 o;                         // [tokens, HV, V] out_t
     u64 final_state;               // [N, HV, K, V] f32, or 0
     u64 chunk_states;              // [chunks, HV, K, V] f32, or 0
     u64 chunk_start, chunk_len, seq_first_chunk;  // i64
@@ -88,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
     // h0 and final_state may be one buffer (an engine advancing its states in place): each block
     // reads its tile of h0 before its first chunk and writes the same tile after its last.
     const float* h0 = (const float*)P.h0;
-    float* __restrict__ o = (float*)P.o;
+    out_t* __restrict__ o = (out_t*)P.o;
     float* fin = (float*)P.final_state;
     float* __restrict__ hst = (float*)P.chunk_states;
     const i64* __restrict__ chunk_start = (const i64*)P.chunk_start;
@@ -255,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
                 for (int e = 0; e < 4; ++e) {
                     const int r = rb + frag_row(e), cc = cb + 8 * a + frag_col(e);
                     if (r < len)
-                        o[((start + r) * hv + j) * DV + c0 + cc] = r < lv ? oacc[a][e] : __int_as_float(0x7fc00000);
+                        o[((start + r) * hv + j) * DV + c0 + cc] = from_f(r < lv ? oacc[a][e] : __int_as_float(0x7fc00000));
                 }
             // h = d_last h + K^T diag(rk D_last) v_new.
             {

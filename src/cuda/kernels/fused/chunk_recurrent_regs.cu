@@ -57,7 +57,7 @@ __device__ __forceinline__ void bar_sync(int id, int n) {
 struct RecParams {
     u64 q, k, v, a_inv, p, scal;  // q, k, v bf16; a_inv, p bf16 planes; scal f32 (chunk_intra)
     u64 h0;                       // [N, HV, K, V] f32, or 0
-    u64 o;                        // [tokens, HV, V] f32
+    u64 o;                        // [tokens, HV, V] out_t
     u64 final_state;              // [N, HV, K, V] f32, or 0
     u64 chunk_states;             // [chunks, HV, K, V] f32, or 0
     u64 chunk_start, chunk_len, seq_first_chunk;  // i64
@@ -148,7 +148,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
     // h0 and final_state may be one buffer: each warp reads its slice of h0 before its first
     // chunk and writes the same slice after its last.
     const float* h0 = (const float*)P.h0;
-    float* __restrict__ o = (float*)P.o;
+    out_t* __restrict__ o = (out_t*)P.o;
     float* fin = (float*)P.final_state;
     float* __restrict__ hst = (float*)P.chunk_states;
     const i64* __restrict__ chunk_start = (const i64*)P.chunk_start;
@@ -245,7 +245,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 // stores rather than hoisted out of the loop into 32 live registers.
                 i64 rs = hv * DV;
                 asm volatile("" : "+l"(rs));
-                float* op = o + ((start + 2 * t) * hv + j) * DV + c0 + cw + g;
+                out_t* op = o + ((start + 2 * t) * hv + j) * DV + c0 + cw + g;
 #pragma unroll
                 for (int nb = 0; nb < NTT; ++nb)
 #pragma unroll
@@ -253,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                         const int r = 8 * nb + 2 * t + (e & 1);
                         if (r < len)
                             op[(8 * nb + (e & 1)) * rs + 8 * (e >> 1)] =
-                                r < lv ? qh[nb][e] : __int_as_float(0x7fc00000);
+                                from_f(r < lv ? qh[nb][e] : __int_as_float(0x7fc00000));
                     }
             };
             float vn[NTT][4];

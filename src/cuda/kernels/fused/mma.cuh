@@ -23,6 +23,26 @@ __device__ __forceinline__ float to_f(unsigned short x) {
 }
 #define SPLIT_IN 0
 #endif
+// OUT_T (0 f32, 1 bf16, 2 f16): the type o is written in, narrowed as it is stored (round to
+// nearest even, as the cast kernel), so no second pass over o is needed.
+#ifndef OUT_T
+#define OUT_T 0
+#endif
+#if OUT_T == 0
+typedef float out_t;
+__device__ __forceinline__ float from_f(float x) { return x; }
+#else
+typedef unsigned short out_t;
+__device__ __forceinline__ unsigned short from_f(float x) {
+    unsigned short r;
+#if OUT_T == 1
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+#else
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
+#endif
+    return r;
+}
+#endif
 // SPLIT_IN: whether an input value needs the hi + lo split to be exact in TF32. bf16 (8
 // significant bits) and f16 (11, exponent range inside f32's) are exact in TF32 (11 bits); f32
 // is not.
@@ -277,6 +297,19 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], 
         "{%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// c += a b for 16-bit inputs (IN_T: bf16 or f16), a 16x16 (row), b 16x8 (col), f32 accumulate.
+__device__ __forceinline__ void mma_in16(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+#if IN_T == 2
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    mma_bf16(c, a, b0, b1);
+#endif
 }
 // c += a b with a split and b exact in bf16: one pass per piece, small pieces first.
 __device__ __forceinline__ void mma3(float (&c)[4], const APieces& a, unsigned b0, unsigned b1) {
