@@ -431,3 +431,44 @@ pub fn token_range(x: &Inputs<'_>, lo: usize, hi: usize) -> Result<Inputs<'stati
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periodic_inputs_repeat_the_first_period_and_start_as_the_plain_ones() {
+        let shape = [2, 5, 2, 4, 8, 6];
+        let plain = layer_inputs(&mut Rng::new(3), shape, DType::F32, false).unwrap();
+        // A period longer than the tokens changes nothing.
+        let long = layer_inputs_periodic(&mut Rng::new(3), shape, DType::F32, false, 100).unwrap();
+        for (a, b) in [
+            (&plain.q, &long.q),
+            (&plain.k, &long.k),
+            (&plain.v, &long.v),
+            (&plain.g, &long.g),
+            (&plain.beta, &long.beta),
+        ] {
+            assert_eq!(a.as_bytes(), b.as_bytes());
+        }
+        // Period 3 over the 10 packed tokens: token t holds token t % 3's values.
+        let rep = layer_inputs_periodic(&mut Rng::new(3), shape, DType::BF16, false, 3).unwrap();
+        for (x, width) in [
+            (&rep.q, 2 * 8),
+            (&rep.k, 2 * 8),
+            (&rep.v, 4 * 6),
+            (&rep.g, 4),
+        ] {
+            let x = x.to_f32();
+            assert_eq!(x.len(), 10 * width);
+            for t in 3..10 {
+                assert_eq!(
+                    x[t * width..(t + 1) * width],
+                    x[(t % 3) * width..(t % 3 + 1) * width]
+                );
+            }
+            // The first period differs from token to token (drawn, not copied).
+            assert_ne!(x[..width], x[width..2 * width]);
+        }
+    }
+}
