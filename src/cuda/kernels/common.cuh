@@ -11,6 +11,22 @@ typedef long long i64;
 // the items it owns, so no count can hit a grid-dimension limit.
 #define BLOCK_LOOP(item, n) for (i64 item = blockIdx.x; item < (n); item += gridDim.x)
 
+// One step of the within-chunk cumsum of the gate: x below `reset` restarts the sum (a hard
+// reset; resets counts them), else acc += x with err collecting, by TwoSum, exactly what rounding
+// that add lost (plain adds: nothing reassociates them without fast math).
+__device__ __forceinline__ void cumsum_step(float x, float reset, float& acc, float& err,
+                                            float& resets) {
+    if (x < reset) {
+        acc = 0.0f;
+        err = 0.0f;
+        resets += 1.0f;
+    } else {
+        const float s = acc + x, b = s - acc;
+        err += (acc - (s - b)) + (x - b);
+        acc = s;
+    }
+}
+
 // The within-chunk cumulative gate (see the Gamma doc in backend.rs), three [B, T, HV] arrays.
 struct GammaIn {
     const float* gamma;

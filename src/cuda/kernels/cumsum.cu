@@ -24,18 +24,7 @@ extern "C" __global__ void chunk_local_cumsum(const CumsumParams P) {
         float acc = 0.0f, err = 0.0f, resets = 0.0f;
         for (i64 i = 0; i < len; ++i) {
             const i64 t = (start + i) * hv + j;
-            const float x = g[t];
-            if (x < P.reset) {
-                acc = 0.0f;
-                err = 0.0f;
-                resets += 1.0f;
-            } else {
-                // TwoSum: exactly what rounding acc + x lost (plain adds: nothing reassociates
-                // them without fast math).
-                const float s = acc + x, b = s - acc;
-                err += (acc - (s - b)) + (x - b);
-                acc = s;
-            }
+            cumsum_step(g[t], P.reset, acc, err, resets);
             gamma[t] = acc;
             lo[t] = err;
             seg[t] = resets;

@@ -104,16 +104,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
 #pragma unroll
             for (int i = 0; i < C; ++i) {
                 if (i < len) {
-                    const float x = gam[i];
-                    if (x < P.reset) {
-                        acc = 0.0f;
-                        err = 0.0f;
-                        resets += 1.0f;
-                    } else {
-                        const float s = acc + x, b = s - acc;
-                        err += (acc - (s - b)) + (x - b);
-                        acc = s;
-                    }
+                    cumsum_step(gam[i], P.reset, acc, err, resets);
                     gam[i] = acc;
                     lo[i] = err;
                     seg[i] = resets;
