@@ -397,3 +397,34 @@ fn fused_fast_precision_within_fla_error_or_skip_without_gpu() {
         dev.name()
     );
 }
+
+/// The fused prefill kernels' CUDA source (chunk_intra, then chunk_recurrent_regs plain and
+/// split) run on the CPU with lanes as threads (dev/fused_emulate.py) against a float64
+/// recurrence: a check that needs no GPU.
+#[test]
+fn fused_kernel_source_runs_correctly_under_host_emulation() {
+    let have = |cmd: &str| {
+        std::process::Command::new(cmd)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !have("g++") || !have("python3") {
+        eprintln!("skipped: the host emulation needs g++ and python3");
+        return;
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dev/fused_emulate.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg("5")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{}", log.lines().last().unwrap_or(""));
+    assert!(
+        out.status.success(),
+        "{log}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(log.contains("0/5 cases failed"), "{log}");
+}

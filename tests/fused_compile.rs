@@ -33,12 +33,20 @@ fn all_kernels_compile_to_ptx_and_cubin_for_sm90_or_skip_without_nvrtc() {
         );
         if m.name.starts_with("fused_") {
             fused += 1;
-            // TF32 products in chunk_intra and chunk_recurrent, bf16 ones (on split operands)
-            // in chunk_recurrent_regs.
-            let mma = if m.name.contains("chunk_recurrent_regs") {
-                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
-            } else {
-                "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+            // bf16 products (on split operands) in chunk_recurrent_regs; in chunk_intra m16n8k16
+            // on the 16-bit inputs themselves, TF32 for f32 inputs; TF32 in chunk_recurrent.
+            // Names: fused_<kernel>_k<K>_v<V>_vt<VT>_<input dtype>[_...].
+            let dtype = m.name.split("_vt").nth(1).and_then(|r| r.split('_').nth(1));
+            let mma = match (
+                m.name.contains("chunk_recurrent_regs"),
+                m.name.contains("chunk_intra"),
+                dtype,
+            ) {
+                (true, _, _) | (_, true, Some("bf16")) => {
+                    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+                }
+                (_, true, Some("f16")) => "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                _ => "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
             };
             assert!(
                 m.ptx.contains(mma),

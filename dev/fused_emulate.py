@@ -1,0 +1,121 @@
+"""Runs the fused prefill kernels' CUDA source on the CPU: chunk_intra and chunk_recurrent_regs
+(plain and split) compiled by g++ with a host shim (threads as lanes; barriers for
+__syncthreads, named barriers and the warp-collective operations; mma.sync, ldmatrix and cp.async
+written out), driven by fused_emulate_driver.cpp against a float64 recurrence. No GPU needed:
+    python3 dev/fused_emulate.py [cases]   (12 by default; needs g++ with C++20)
+A kernel change can so be checked before device time is spent on it (it is slow: small shapes)."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+K = os.path.join(root, "src/cuda/kernels")
+shim = open(os.path.join(root, "dev/fused_emulate_shim.h")).read()
+
+
+def replace_asm(src):
+    """Every inline-PTX statement of the kernels, as a call into the shim."""
+    table = [
+        ("mma.sync.aligned.m16n8k8.row.col.f32.tf32", "emu_mma_tf32(c, a, b);"),
+        ("mma.sync.aligned.m16n8k16.row.col.f32.bf16", "emu_mma16(c, a, b0, b1, false);"),
+        ("mma.sync.aligned.m16n8k16.row.col.f32.f16", "emu_mma16(c, a, b0, b1, true);"),
+        ("ldmatrix.sync.aligned.m8n8.x4.trans", "emu_ldsm(r, a, true);"),
+        ("ldmatrix.sync.aligned.m8n8.x4.shared", "emu_ldsm(r, a, false);"),
+        ("cvta.to.shared.u64", "s = emu_smem_addr(dst);"),
+        ("cp.async.cg.shared.global", "emu_cp_async16((unsigned)s, src, valid);"),
+        ("cp.async.commit_group", ";"),
+        ("cp.async.wait_group", ";"),
+        ("cvt.rn.bf16x2.f32", "r = emu_pack_bf16x2(hi, lo);"),
+        ("cvt.f32.f16", "f = emu_f16_to_f32(x);"),
+        ("cvt.rn.bf16.f32", "r = emu_f32_to_bf16(x);"),
+        ("cvt.rn.f16.f32", "r = emu_f32_to_f16(x);"),
+        ("bar.arrive", "emu_bar_arrive(id, n);"),
+        ("bar.sync", "emu_bar_sync(id, n);"),
+    ]
+    out, i = [], 0
+    for m in re.finditer(r'\basm\s*(volatile\s*)?\(', src):
+        if m.start() < i:
+            continue
+        depth, j = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(src[j], 0)
+            j += 1
+        body = src[m.end():j - 1]
+        # The statement's semicolon, if it has one (PHASE's #define has none).
+        k = j
+        while src[k] in " \t":
+            k += 1
+        j = k if src[k] == ";" else j - 1
+        text = re.match(r'\s*"([^"]*)"', body).group(1)
+        if text == "":
+            rep = ";" if "+l" in body else "emu_fence();"
+        else:
+            rep = next((r for key, r in table if text.startswith(key)), None)
+            assert rep is not None, "no host version of: " + text
+        out.append(src[i:m.start()] + rep)
+        i = j + 1
+    out.append(src[i:])
+    return "".join(out)
+
+
+def unit(kernel, defines, entry):
+    src = open(os.path.join(K, "common.cuh")).read() + open(os.path.join(K, "fused/mma.cuh")).read()
+    src += open(os.path.join(K, "fused", kernel)).read()
+    src = src.replace("extern __shared__ __align__(16) unsigned char smem_raw[];",
+                      "unsigned char* smem_raw = emu_smem();")
+    src = replace_asm(src).replace('extern "C" __global__', "static __global__")
+    # Everything of a unit but its entry point in an anonymous namespace: the units define the
+    # same inline helpers over their own shared memory, which must not be merged at link time.
+    cut = shim.rindex("#include")
+    cut = shim.index("\n", cut) + 1
+    return defines + shim[:cut] + "namespace {\n" + shim[cut:] + src + "}\n" + entry
+
+
+def main():
+    cases = sys.argv[1] if len(sys.argv) > 1 else "12"
+    tmp = tempfile.mkdtemp(prefix="fused_emulate_")
+    out = os.path.join(tmp, "fused_emulate")
+    objs = []
+    drv = os.path.join(root, "dev/fused_emulate_driver.cpp")
+    # One translation unit per kernel configuration (each has its own macros).
+    confs = []
+    for dk, dv in [(32, 32), (64, 48)]:
+        for vt, split in [(16, 0), (16, 1), (32, 1)]:
+            if dv % vt:
+                continue
+            confs.append((dk, dv, vt, split))
+    entries = []
+    for n, (dk, dv, vt, split) in enumerate(confs):
+        d = (f"#define DK {dk}\n#define DV {dv}\n#define VT {vt}\n#define IN_T 1\n#define FUSED_MMA 1\n"
+             f"#define NBUF 2\n#define FUSED_WIDE 0\n#define RTHREADS 256\n#define PLANES 1\n"
+             f"#define PIECES 3\n#define SPLIT_OUT {split}\n#define OUT_T 0\n")
+        for kernel, fn in [("chunk_intra.cu", "chunk_intra"), ("chunk_recurrent_regs.cu", "chunk_recurrent_regs")]:
+            name = f"{fn}_{n}"
+            threads = "256" if fn == "chunk_intra" else "THREADS"
+            ptype = "IntraParams" if fn == "chunk_intra" else "RecParams"
+            entry = (f'\nextern "C" void emu_{name}(const void* p, long long grid, long long smem) {{\n'
+                     f'    emu_launch(grid, {threads}, smem, [&] {{ {fn}(*(const {ptype}*)p); }});\n}}\n')
+            path = f"{out}_{name}.cpp"
+            open(path, "w").write(unit(kernel, d, entry))
+            objs.append(path)
+        entries.append(f"{{{dk}, {dv}, {vt}, {split}, emu_chunk_intra_{n}, emu_chunk_recurrent_regs_{n}}}")
+    decl = "".join(f'extern "C" void emu_chunk_intra_{n}(const void*, long long, long long);\n'
+                   f'extern "C" void emu_chunk_recurrent_regs_{n}(const void*, long long, long long);\n'
+                   for n in range(len(confs)))
+    table = "static const Conf CONFS[] = {" + ", ".join(entries) + "};\n"
+    drv_src = open(drv).read().replace("// CONFS", decl + table)
+    open(out + "_driver.cpp", "w").write(drv_src)
+    cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w", "-o", out, out + "_driver.cpp"] + objs
+    try:
+        subprocess.check_call(cmd)
+        rc = subprocess.call([out, cases])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()

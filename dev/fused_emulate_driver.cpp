@@ -1,0 +1,167 @@
+// Driver of the host emulation of the fused prefill kernels (see fused_emulate.py): random
+// varlen problems (bf16 q, k, v; l2norm or unit keys; both head maps; an initial state; partial
+// and empty sequences) through chunk_intra then chunk_recurrent_regs, against a float64
+// recurrence.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+typedef unsigned long long u64;
+typedef long long i64;
+// Mirrors of the kernels' parameter structs (chunk_intra.cu, chunk_recurrent_regs.cu).
+struct IntraParams {
+    u64 q, k, g, beta, a_log, dt_bias;
+    u64 a_inv, p, scal;
+    u64 chunk_start, chunk_len;
+    i64 chunks, h, hv;
+    float scale, beta_mult, reset;
+    int tiled, l2norm, gate_in_kernel, beta_is_logits;
+};
+struct RecParams {
+    u64 q, k, v, a_inv, p, scal;
+    u64 h0;
+    u64 o;
+    u64 final_state;
+    u64 chunk_states;
+    u64 chunk_start, chunk_len, seq_first_chunk;
+    i64 seqs, h, hv;
+    int tiled;
+};
+struct Conf {
+    int dk, dv, vt, split;
+    void (*intra)(const void*, long long, long long);
+    void (*rec)(const void*, long long, long long);
+};
+// CONFS
+
+static unsigned short bf16(float x) {
+    unsigned u;
+    memcpy(&u, &x, 4);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float from_bf16(unsigned short b) {
+    unsigned u = (unsigned)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static double rel_l2(const std::vector<float>& got, const std::vector<double>& want) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        num += (got[i] - want[i]) * (got[i] - want[i]);
+        den += want[i] * want[i];
+    }
+    return std::sqrt(num / (den > 0 ? den : 1));
+}
+
+int main(int argc, char** argv) {
+    const int count = argc > 1 ? atoi(argv[1]) : 12;
+    std::mt19937_64 rng(7);
+    auto U = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
+    auto N01 = [&]() { return std::normal_distribution<double>(0, 1)(rng); };
+    int failures = 0;
+    const int nconf = sizeof(CONFS) / sizeof(CONFS[0]);
+    for (int c = 0; c < count; ++c) {
+        const Conf& cf = CONFS[c % nconf];
+        const int dk = cf.dk, dv = cf.dv, C = 64;
+        const int h = 1 + rng() % 2, hv = h * (1 + rng() % 2);
+        const bool l2 = rng() % 2, tiled = rng() % 2, with_h0 = rng() % 2;
+        // Sequences: lengths 0..150 (one empty now and then), at least one token in all.
+        std::vector<i64> cu = {0};
+        const int seqs = 1 + rng() % 3;
+        for (int s = 0; s < seqs; ++s) cu.push_back(cu.back() + (rng() % 5 == 0 ? 0 : 1 + rng() % 150));
+        if (cu.back() == 0) cu.back() = 5;
+        const i64 T = cu.back();
+        std::vector<i64> cstart, clen, sfirst;
+        for (int s = 0; s < seqs; ++s) {
+            sfirst.push_back((i64)cstart.size());
+            for (i64 t = cu[s]; t < cu[s + 1]; t += C) {
+                cstart.push_back(t);
+                clen.push_back(std::min<i64>(C, cu[s + 1] - t));
+            }
+        }
+        sfirst.push_back((i64)cstart.size());
+        const i64 chunks = (i64)cstart.size();
+        std::vector<unsigned short> q(T * h * dk), k(T * h * dk), v(T * hv * dv);
+        std::vector<float> qf(q.size()), kf(k.size()), vf(v.size()), g(T * hv), beta(T * hv);
+        for (size_t i = 0; i < q.size(); ++i) { q[i] = bf16((float)N01()); qf[i] = from_bf16(q[i]); }
+        for (i64 r = 0; r < T * h; ++r) {
+            double s = 0;
+            std::vector<float> row(dk);
+            for (int e = 0; e < dk; ++e) { row[e] = (float)N01(); s += row[e] * row[e]; }
+            for (int e = 0; e < dk; ++e) {
+                const float x = l2 ? row[e] : (float)(row[e] / std::sqrt(s));
+                k[r * dk + e] = bf16(x);
+                kf[r * dk + e] = from_bf16(k[r * dk + e]);
+            }
+        }
+        for (size_t i = 0; i < v.size(); ++i) { v[i] = bf16((float)N01()); vf[i] = from_bf16(v[i]); }
+        for (auto& x : g) x = (float)(-std::log1p(std::exp(U(-5, 1))) * 0.5);
+        for (auto& x : beta) x = (float)U(0, 1);
+        const i64 kv = (i64)dk * dv;
+        std::vector<float> h0(with_h0 ? seqs * hv * kv : 0);
+        for (auto& x : h0) x = (float)(0.1 * N01());
+        const float scale = 1.0f / std::sqrt((float)dk);
+        // Workspace: a_inv and p planes (3 bf16 pieces of 64 per row), 4 f32 scalings per row.
+        const i64 rows = T * hv;
+        std::vector<unsigned short> a_inv(rows * 3 * C), pp(rows * 3 * C);
+        std::vector<float> scal(rows * 4), o(T * hv * dv, NAN), fin(seqs * hv * kv, NAN);
+        IntraParams ip{(u64)q.data(), (u64)k.data(), (u64)g.data(), (u64)beta.data(), 0, 0,
+                       (u64)a_inv.data(), (u64)pp.data(), (u64)scal.data(),
+                       (u64)cstart.data(), (u64)clen.data(), chunks, h, hv, scale, 1.0f, -40.0f,
+                       tiled, l2, 0, 0};
+        const long long sk = dk + 8;
+        const long long intra_smem = (2 * C * (C + 4) + 3 * 256 + 7 * C) * 4 + 16 + 2 * C * sk * 2;
+        if (chunks) cf.intra(&ip, chunks * hv, intra_smem);
+        RecParams rp{(u64)q.data(), (u64)k.data(), (u64)v.data(), (u64)a_inv.data(), (u64)pp.data(),
+                     (u64)scal.data(), with_h0 ? (u64)h0.data() : 0, (u64)o.data(), (u64)fin.data(), 0,
+                     (u64)cstart.data(), (u64)clen.data(), (u64)sfirst.data(), seqs, h, hv, tiled};
+        const long long groups = cf.vt / 16;
+        const long long stage = (2 * C * (dk + 8) + 2 * C * (3 * C + 8) + C * (cf.vt + 8)) * 2 + C * 16;
+        const long long rec_smem = 2 * stage + groups * dk * 16 * 4 + (cf.split ? groups * (C * 16 * 4 + 4) : 0);
+        cf.rec(&rp, (long long)seqs * hv * (dv / cf.vt), rec_smem);
+        // The float64 recurrence.
+        std::vector<double> o_ref(o.size(), 0.0), s_ref(fin.size(), 0.0);
+        for (int s = 0; s < seqs; ++s)
+            for (int j = 0; j < hv; ++j) {
+                const int kh = tiled ? j % h : j / (hv / h);
+                std::vector<double> S(kv, 0.0);
+                if (with_h0) for (i64 e = 0; e < kv; ++e) S[e] = h0[(s * hv + j) * kv + e];
+                for (i64 t = cu[s]; t < cu[s + 1]; ++t) {
+                    std::vector<double> kk(dk), qq(dk);
+                    double nk = 0, nq = 0;
+                    for (int e = 0; e < dk; ++e) {
+                        kk[e] = kf[(t * h + kh) * dk + e];
+                        qq[e] = qf[(t * h + kh) * dk + e];
+                        nk += kk[e] * kk[e];
+                        nq += qq[e] * qq[e];
+                    }
+                    if (l2) for (int e = 0; e < dk; ++e) { kk[e] /= std::sqrt(nk + 1e-6); qq[e] /= std::sqrt(nq + 1e-6); }
+                    const double d = std::exp((double)g[t * hv + j]), b = beta[t * hv + j];
+                    for (auto& x : S) x *= d;
+                    for (int cc = 0; cc < dv; ++cc) {
+                        double sk_ = 0;
+                        for (int e = 0; e < dk; ++e) sk_ += S[e * dv + cc] * kk[e];
+                        const double u = b * (vf[(t * hv + j) * dv + cc] - sk_);
+                        for (int e = 0; e < dk; ++e) S[e * dv + cc] += kk[e] * u;
+                    }
+                    for (int cc = 0; cc < dv; ++cc) {
+                        double x = 0;
+                        for (int e = 0; e < dk; ++e) x += S[e * dv + cc] * qq[e];
+                        o_ref[(t * hv + j) * dv + cc] = scale * x;
+                    }
+                }
+                for (i64 e = 0; e < kv; ++e) s_ref[(s * hv + j) * kv + e] = S[e];
+            }
+        const double eo = rel_l2(o, o_ref), es = rel_l2(fin, s_ref);
+        const bool ok = eo <= 1e-5 && es <= 1e-5;
+        failures += !ok;
+        printf("%s case %d: K=%d V=%d VT=%d split=%d H=%d HV=%d seqs=%d T=%lld l2norm=%d tiled=%d h0=%d: o %.2e, final state %.2e\n",
+               ok ? "ok  " : "FAIL", c, dk, dv, cf.vt, cf.split, h, hv, seqs, (long long)T, l2, tiled, with_h0, eo, es);
+        fflush(stdout);
+    }
+    printf("%d/%d cases failed\n", failures, count);
+    return failures ? 1 : 0;
+}

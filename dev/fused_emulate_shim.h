@@ -1,0 +1,226 @@
+// Host shim of dev/fused_emulate.py: enough of CUDA for the fused prefill kernels to run on the
+// CPU. Threads are lanes; a block is `threads` std::threads with a barrier for __syncthreads;
+// warp-collective operations meet in a per-warp exchange area between two barriers.
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__
+#define __align__(n)
+using std::isfinite;
+using std::isnan;
+using std::max;
+using std::min;
+struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
+struct uint4 { unsigned x, y, z, w; };
+static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+static inline float2 make_float2(float a, float b) { return {a, b}; }
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
+struct Dim { unsigned x = 0; };
+static thread_local Dim threadIdx, blockIdx;
+static unsigned emu_block_dim, emu_grid_dim;
+#define blockDim (Dim{emu_block_dim})
+#define gridDim (Dim{emu_grid_dim})
+
+struct Warp {
+    std::barrier<> bar{32};
+    unsigned xa[32][4];
+    unsigned xb[32][2];
+    float xf[32];
+    int xi[32];
+};
+static thread_local Warp* my_warp;
+static thread_local int my_lane;
+static std::barrier<>* emu_block_bar;
+static std::vector<unsigned char> emu_smem_buf;
+static unsigned char* emu_smem() { return emu_smem_buf.data(); }
+static void __syncthreads() { emu_block_bar->arrive_and_wait(); }
+static void __syncwarp() { my_warp->bar.arrive_and_wait(); }
+static void emu_fence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static int atomicMin(int* p, int v) {
+    std::atomic_ref<int> a(*p);
+    int old = a.load();
+    while (v < old && !a.compare_exchange_weak(old, v)) {}
+    return old;
+}
+static float __shfl_xor_sync(unsigned, float v, int m) {
+    Warp& w = *my_warp;
+    w.xf[my_lane] = v;
+    w.bar.arrive_and_wait();
+    const float r = w.xf[my_lane ^ m];
+    w.bar.arrive_and_wait();
+    return r;
+}
+static int __reduce_min_sync(unsigned, int v) {
+    Warp& w = *my_warp;
+    w.xi[my_lane] = v;
+    w.bar.arrive_and_wait();
+    int r = w.xi[0];
+    for (int l = 1; l < 32; ++l) r = std::min(r, w.xi[l]);
+    w.bar.arrive_and_wait();
+    return r;
+}
+static int __any_sync(unsigned, int p) {
+    Warp& w = *my_warp;
+    w.xi[my_lane] = p != 0;
+    w.bar.arrive_and_wait();
+    int r = 0;
+    for (int l = 0; l < 32; ++l) r |= w.xi[l];
+    w.bar.arrive_and_wait();
+    return r;
+}
+// Named barriers (PTX bar.arrive / bar.sync with a thread count).
+struct NamedBar {
+    std::mutex m;
+    std::condition_variable cv;
+    int count = 0;
+    long gen = 0;
+};
+static NamedBar emu_named[16];
+static void emu_bar_arrive(int id, int n) {
+    NamedBar& b = emu_named[id];
+    std::lock_guard<std::mutex> g(b.m);
+    if (++b.count == n) { b.count = 0; ++b.gen; b.cv.notify_all(); }
+}
+static void emu_bar_sync(int id, int n) {
+    NamedBar& b = emu_named[id];
+    std::unique_lock<std::mutex> g(b.m);
+    const long gen = b.gen;
+    if (++b.count == n) { b.count = 0; ++b.gen; b.cv.notify_all(); return; }
+    b.cv.wait(g, [&] { return b.gen != gen; });
+}
+// Shared-space addresses are offsets into the block's shared memory.
+static unsigned long long emu_smem_addr(const void* p) {
+    return (unsigned long long)((const unsigned char*)p - emu_smem_buf.data());
+}
+static unsigned long long __cvta_generic_to_shared(const void* p) { return emu_smem_addr(p); }
+static void emu_cp_async16(unsigned s, const void* src, bool valid) {
+    if (valid) memcpy(emu_smem_buf.data() + s, src, 16);
+    else memset(emu_smem_buf.data() + s, 0, 16);
+}
+// Conversions (round to nearest even, as cvt.rn).
+static unsigned short emu_f32_to_bf16(float x) {
+    unsigned u = __float_as_uint(x);
+    if (std::isnan(x)) return 0x7fc0;
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static unsigned emu_pack_bf16x2(float hi, float lo) {
+    return ((unsigned)emu_f32_to_bf16(hi) << 16) | emu_f32_to_bf16(lo);
+}
+static float emu_f16_to_f32(unsigned short h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
+static unsigned short emu_f32_to_f16(float f) { _Float16 x = (_Float16)f; unsigned short h; memcpy(&h, &x, 2); return h; }
+static float emu_half(unsigned short h, bool f16) {
+    return f16 ? emu_f16_to_f32(h) : __uint_as_float((unsigned)h << 16);
+}
+// mma.sync m16n8k16 (bf16 or f16 operands, f32 accumulate): the fragments of the 32 lanes
+// gathered into A (16 x 16) and B (16 x 8); products summed in double, rounded once.
+static void emu_mma16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1, bool f16) {
+    Warp& w = *my_warp;
+    for (int e = 0; e < 4; ++e) w.xa[my_lane][e] = a[e];
+    w.xb[my_lane][0] = b0;
+    w.xb[my_lane][1] = b1;
+    w.bar.arrive_and_wait();
+    float A[16][16], B[16][8];
+    for (int L = 0; L < 32; ++L) {
+        const int g = L >> 2, t = L & 3;
+        const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+        for (int e = 0; e < 4; ++e) {
+            A[rows[e]][cols[e]] = emu_half(w.xa[L][e] & 0xffff, f16);
+            A[rows[e]][cols[e] + 1] = emu_half(w.xa[L][e] >> 16, f16);
+        }
+        for (int e = 0; e < 2; ++e) {
+            B[2 * t + 8 * e][g] = emu_half(w.xb[L][e] & 0xffff, f16);
+            B[2 * t + 8 * e + 1][g] = emu_half(w.xb[L][e] >> 16, f16);
+        }
+    }
+    w.bar.arrive_and_wait();
+    const int g = my_lane >> 2, t = my_lane & 3;
+    for (int e = 0; e < 4; ++e) {
+        const int r = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+        double s = c[e];
+        for (int k = 0; k < 16; ++k) s += (double)A[r][k] * B[k][col];
+        c[e] = (float)s;
+    }
+}
+// mma.sync m16n8k8 TF32 (the low 13 bits of each operand are ignored, as the hardware does).
+static void emu_mma_tf32(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    Warp& w = *my_warp;
+    for (int e = 0; e < 4; ++e) w.xa[my_lane][e] = a[e];
+    w.xb[my_lane][0] = b[0];
+    w.xb[my_lane][1] = b[1];
+    w.bar.arrive_and_wait();
+    float A[16][8], B[8][8];
+    for (int L = 0; L < 32; ++L) {
+        const int g = L >> 2, t = L & 3;
+        const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {t, t, t + 4, t + 4};
+        for (int e = 0; e < 4; ++e) A[rows[e]][cols[e]] = __uint_as_float(w.xa[L][e] & 0xffffe000u);
+        B[t][g] = __uint_as_float(w.xb[L][0] & 0xffffe000u);
+        B[t + 4][g] = __uint_as_float(w.xb[L][1] & 0xffffe000u);
+    }
+    w.bar.arrive_and_wait();
+    const int g = my_lane >> 2, t = my_lane & 3;
+    for (int e = 0; e < 4; ++e) {
+        const int r = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+        double s = c[e];
+        for (int k = 0; k < 8; ++k) s += (double)A[r][k] * B[k][col];
+        c[e] = (float)s;
+    }
+}
+// ldmatrix .x4 (.trans): lane 8i + j gives the address of row j of matrix i; register i of lane
+// (g, t) gets matrix i's row g, columns 2t, 2t + 1 (transposed: rows 2t, 2t + 1 of column g).
+static void emu_ldsm(unsigned (&r)[4], unsigned addr, bool trans) {
+    Warp& w = *my_warp;
+    w.xi[my_lane] = (int)addr;
+    w.bar.arrive_and_wait();
+    const int g = my_lane >> 2, t = my_lane & 3;
+    for (int i = 0; i < 4; ++i) {
+        unsigned short lo, hi;
+        if (!trans) {
+            const unsigned short* row = (const unsigned short*)(emu_smem_buf.data() + (unsigned)w.xi[8 * i + g]);
+            lo = row[2 * t];
+            hi = row[2 * t + 1];
+        } else {
+            lo = ((const unsigned short*)(emu_smem_buf.data() + (unsigned)w.xi[8 * i + 2 * t]))[g];
+            hi = ((const unsigned short*)(emu_smem_buf.data() + (unsigned)w.xi[8 * i + 2 * t + 1]))[g];
+        }
+        r[i] = ((unsigned)hi << 16) | lo;
+    }
+    w.bar.arrive_and_wait();
+}
+// A launch: blocks one after the other, each on `threads` threads, its shared memory poisoned
+// (all bits set: NaN as f32 and as bf16) so that a read before a write shows.
+template <class F>
+static void emu_launch(long long grid, int threads, long long smem, F f) {
+    emu_block_dim = threads;
+    emu_grid_dim = (unsigned)grid;
+    for (long long b = 0; b < grid; ++b) {
+        emu_smem_buf.assign(smem + 64, 0xff);
+        std::barrier<> bb(threads);
+        emu_block_bar = &bb;
+        std::vector<Warp> ws(threads / 32);
+        std::vector<std::thread> th;
+        for (int tid = 0; tid < threads; ++tid)
+            th.emplace_back([&, tid, b] {
+                threadIdx.x = tid;
+                blockIdx.x = (unsigned)b;
+                my_warp = &ws[tid / 32];
+                my_lane = tid % 32;
+                f();
+            });
+        for (auto& t : th) t.join();
+    }
+}
