@@ -81,17 +81,14 @@ def main():
     objs = []
     drv = os.path.join(root, "dev/fused_emulate_driver.cpp")
     # One translation unit per kernel configuration (each has its own macros).
-    confs = []
-    for dk, dv in [(32, 32), (64, 48)]:
-        for vt, split in [(16, 0), (16, 1), (32, 1)]:
-            if dv % vt:
-                continue
-            confs.append((dk, dv, vt, split))
+    # (K, V, columns a block, output warps, K split between two state warps)
+    confs = [(32, 32, 16, 0, 0), (32, 32, 16, 1, 0), (32, 32, 32, 1, 0), (32, 32, 16, 1, 1),
+             (64, 48, 16, 0, 0), (64, 48, 16, 1, 0), (64, 48, 16, 1, 1), (32, 32, 32, 1, 1)]
     entries = []
-    for n, (dk, dv, vt, split) in enumerate(confs):
+    for n, (dk, dv, vt, split, ksplit) in enumerate(confs):
         d = (f"#define DK {dk}\n#define DV {dv}\n#define VT {vt}\n#define IN_T 1\n#define FUSED_MMA 1\n"
              f"#define NBUF 2\n#define FUSED_WIDE 0\n#define RTHREADS 256\n#define PLANES 1\n"
-             f"#define PIECES 3\n#define SPLIT_OUT {split}\n#define OUT_T 0\n")
+             f"#define PIECES 3\n#define SPLIT_OUT {split}\n#define OUT_T 0\n#define KSPLIT {1 + ksplit}\n")
         for kernel, fn in [("chunk_intra.cu", "chunk_intra"), ("chunk_recurrent_regs.cu", "chunk_recurrent_regs")]:
             name = f"{fn}_{n}"
             threads = "256" if fn == "chunk_intra" else "THREADS"
@@ -101,7 +98,7 @@ def main():
             path = f"{out}_{name}.cpp"
             open(path, "w").write(unit(kernel, d, entry))
             objs.append(path)
-        entries.append(f"{{{dk}, {dv}, {vt}, {split}, emu_chunk_intra_{n}, emu_chunk_recurrent_regs_{n}}}")
+        entries.append(f"{{{dk}, {dv}, {vt}, {split}, {ksplit}, emu_chunk_intra_{n}, emu_chunk_recurrent_regs_{n}}}")
     decl = "".join(f'extern "C" void emu_chunk_intra_{n}(const void*, long long, long long);\n'
                    f'extern "C" void emu_chunk_recurrent_regs_{n}(const void*, long long, long long);\n'
                    for n in range(len(confs)))

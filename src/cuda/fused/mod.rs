@@ -124,6 +124,8 @@ pub struct Config {
     pub split: bool,
     /// The element type the recurrent kernel writes `o` in.
     pub out: DType,
+    /// With `split`: two state warps per 16 columns, each over half of K (`KSPLIT = 2`).
+    pub ksplit: bool,
 }
 
 /// The kernels' code for an element type (IN_T, OUT_T).
@@ -141,7 +143,7 @@ impl Config {
         format!(
             "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
              #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n\
-             #define SPLIT_OUT {}\n#define OUT_T {}\n",
+             #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -153,7 +155,8 @@ impl Config {
             i32::from(self.regs),
             self.pieces,
             i32::from(self.split),
-            dtype_code(self.out)
+            dtype_code(self.out),
+            if self.ksplit { 2 } else { 1 }
         )
     }
 
@@ -184,7 +187,9 @@ impl Config {
     pub fn threads(&self, kernel: Kernel) -> u32 {
         match kernel {
             Kernel::ChunkRecurrent if self.wide => 512,
-            Kernel::ChunkRecurrentRegs => 2 * self.vt as u32 * if self.split { 2 } else { 1 },
+            Kernel::ChunkRecurrentRegs => {
+                2 * self.vt as u32 * (u32::from(self.split) + if self.ksplit { 2 } else { 1 })
+            }
             _ => THREADS,
         }
     }
@@ -217,6 +222,13 @@ impl Config {
                 } else {
                     0
                 };
+                // With the K split, the two halves of KH^T of each group.
+                let split = split
+                    + if self.ksplit {
+                        groups * 2 * CHUNK * 16 * 4
+                    } else {
+                        0
+                    };
                 self.nbuf * stage + groups * self.dk * 16 * 4 + split
             }
         }
@@ -268,6 +280,7 @@ pub fn standard_configs() -> Vec<Config> {
         pieces: 3,
         split: false,
         out: DType::F32,
+        ksplit: false,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -305,6 +318,12 @@ pub fn standard_configs() -> Vec<Config> {
         regs: true,
         split: true,
         out: DType::BF16,
+        ..config(128, 128, 32, DType::BF16, 2, false)
+    });
+    v.push(Config {
+        regs: true,
+        split: true,
+        ksplit: true,
         ..config(128, 128, 32, DType::BF16, 2, false)
     });
     v
@@ -378,12 +397,15 @@ pub struct Tuning {
     /// The split `chunk_recurrent_regs` (an output warp beside each state warp); by default
     /// taken where the plain kernel's blocks would hold fewer than 128 columns.
     pub split: Option<bool>,
+    /// With the split kernel, two state warps per 16 columns over halves of K (not measured
+    /// yet; off by default).
+    pub ksplit: Option<bool>,
 }
 
 impl Tuning {
     /// From the environment: `DELTANET_FUSED_VT`, `DELTANET_FUSED_NBUF`,
     /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`, `DELTANET_FUSED_REGS=0|1`,
-    /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`.
+    /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -401,6 +423,7 @@ impl Tuning {
             regs: flag("DELTANET_FUSED_REGS"),
             pieces: num("DELTANET_FUSED_PIECES"),
             split: flag("DELTANET_FUSED_SPLIT"),
+            ksplit: flag("DELTANET_FUSED_KSPLIT"),
         }
     }
 }
@@ -441,6 +464,7 @@ fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &
         pieces: 3,
         split: false,
         out: DType::F32,
+        ksplit: false,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -511,6 +535,7 @@ fn regs_config(
         },
         split,
         out: DType::F32,
+        ksplit: split && tuning.ksplit == Some(true),
     };
     let max = dev.max_shared_per_block();
     if cfg.shared_bytes(Kernel::ChunkRecurrentRegs) > max {

@@ -133,7 +133,11 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
                 } else {
                     String::new()
                 },
-                if cfg.split { "_split" } else { "" },
+                match (cfg.split, cfg.ksplit) {
+                    (true, true) => "_split_ksplit",
+                    (true, false) => "_split",
+                    _ => "",
+                },
                 if cfg.out == DType::F32 {
                     String::new()
                 } else {

@@ -32,8 +32,18 @@
 #ifndef SPLIT_OUT
 #define SPLIT_OUT 0
 #endif
-#define GROUPS (VT / 16)  // 16-column groups, each with a state warp (and an output warp)
-#define THREADS (GROUPS * 32 * (1 + SPLIT_OUT))
+// KSPLIT = 2 (with SPLIT_OUT) gives each group two state warps, each forming KH^T over half of
+// K and updating that half of h; they add their halves of KH^T through shared memory and both
+// form v_new^T (the same value). The state chain per chunk shortens from three products to two
+// and a half, and an SM holds six warps at B = 1, HV = 32.
+#ifndef KSPLIT
+#define KSPLIT 1
+#endif
+#if KSPLIT == 2 && !SPLIT_OUT
+#error "KSPLIT = 2 needs SPLIT_OUT"
+#endif
+#define GROUPS (VT / 16)  // 16-column groups, each with its state warps (and an output warp)
+#define THREADS (GROUPS * 32 * (KSPLIT + SPLIT_OUT))
 #define C 64
 #define SK (DK + 8)      // K and Q rows (bf16): consecutive rows 4 banks apart, so the 8 rows of
                          // an ldmatrix hit distinct banks
@@ -41,7 +51,8 @@
 #define SVR (VT + 8)
 #define NDT (DK / 8)     // h^T as 16 x 8 tiles over K
 #define NTT (C / 8)      // 16 x 8 tiles over the chunk's rows
-#define UPD (NDT < 8 ? NDT : 8)  // tiles of h^T updated at once
+#define NDH (NDT / KSPLIT)  // tiles of h^T per state warp
+#define UPD (NDH < 8 ? NDH : 8)  // tiles of h^T updated at once
 typedef unsigned short u16;
 // Between the phases of a chunk: the compiler would otherwise keep row scalings loaded in one
 // phase alive in registers for the next (they are reread from shared memory instead).
@@ -90,15 +101,19 @@ __device__ __forceinline__ Stage stage_at(unsigned char* base) {
 // Offset of state element (nd, e) of a lane from the lane's first one (row 2t, column g).
 __device__ __forceinline__ int state_at(int nd, int e) { return (8 * nd + (e & 1)) * DV + 8 * (e >> 1); }
 
-// acc = h^T M^T (16 x 64) for the chunk's staged rows M (K or Q, [C][SK] bf16).
+// acc = h^T M^T (16 x 64) for the chunk's staged rows M (K or Q, [C][SK] bf16), over KB blocks of
+// 16 of K from block kb0.
+template <int KB = DK / 16>
 __device__ __forceinline__ void h_times(float (&acc)[NTT][4], const float4* hs,
-                                        const SmemRows& M) {
+                                        const SmemRows& M0, int kb0 = 0) {
+    hs += 2 * kb0 * 32;
+    const SmemRows M = {M0.b + 2u * 16 * kb0, M0.bt};
 #pragma unroll
     for (int a = 0; a < NTT; ++a)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[a][e] = 0.0f;
 #pragma unroll
-    for (int kb = 0; kb < DK / 16; ++kb) {
+    for (int kb = 0; kb < KB; ++kb) {
         const float4 x0 = hs[2 * kb * 32], x1 = hs[(2 * kb + 1) * 32];
         const float f0[4] = {x0.x, x0.y, x0.z, x0.w}, f1[4] = {x1.x, x1.y, x1.z, x1.w};
         const APieces ah = a_from_acc(f0, f1);
@@ -155,8 +170,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
     const i64* __restrict__ chunk_len = (const i64*)P.chunk_len;
     const i64* __restrict__ seq_first_chunk = (const i64*)P.seq_first_chunk;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int grp = warp % GROUPS;
-    const bool state_warp = warp < GROUPS;  // else this group's output warp (SPLIT_OUT)
+    const int grp = warp % GROUPS, role = warp / GROUPS;
+    const bool state_warp = role < KSPLIT;  // else this group's output warp (SPLIT_OUT)
+    // This state warp's half of K (KSPLIT = 2): tiles [nd0, nd0 + NDH) of h^T.
+    const int half = state_warp ? role : 0, nd0 = half * NDH;
     const i64 hv = P.hv, tiles = DV / VT, kv = (i64)DK * DV;
     // Fragment element e of tile nb: row (state column) g + 8 (e >> 1), column 8 nb + 2t + (e & 1).
     const int cw = 16 * grp;
@@ -166,7 +183,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #if SPLIT_OUT
     // v_new^T of this group in fragment order, then the groups' first bad rows (lv).
     float4* vx = hs_all + GROUPS * (NDT * 32) + grp * (NTT * 32) + lane;
+#if KSPLIT == 2
+    // The two state warps' halves of KH^T, then lv.
+    float4* px = hs_all + GROUPS * (NDT + NTT) * 32 + grp * (2 * NTT * 32) + lane;
+    int* lv_at = (int*)(hs_all + GROUPS * (NDT + 3 * NTT) * 32) + grp;
+#else
     int* lv_at = (int*)(hs_all + GROUPS * (NDT + NTT) * 32) + grp;
+#endif
 #endif
 
     BLOCK_LOOP(item, P.seqs * hv * tiles) {
@@ -193,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         const i64 sbase = (n * hv + j) * kv + c0 + cw + g + 2 * t * DV;
         if (state_warp)
 #pragma unroll
-        for (int nd = 0; nd < NDT; ++nd) {
+        for (int nd = nd0; nd < nd0 + NDH; ++nd) {
             float x[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) x[e] = h0 ? h0[sbase + state_at(nd, e)] : 0.0f;
@@ -261,7 +284,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             if (state_warp) {
                 // KH^T.
                 float kh_[NTT][4];
+#if KSPLIT == 2
+                // This warp's half of K, then the other's through shared memory: both warps
+                // hold the same sum (float addition commutes).
+                h_times<DK / 32>(kh_, hs, Kr, half * (DK / 32));
+#pragma unroll
+                for (int a = 0; a < NTT; ++a)
+                    px[(half * NTT + a) * 32] = make_float4(kh_[a][0], kh_[a][1], kh_[a][2], kh_[a][3]);
+                bar_sync(3, GROUPS * 64);
+#pragma unroll
+                for (int a = 0; a < NTT; ++a) {
+                    const float4 y = px[((half ^ 1) * NTT + a) * 32];
+                    kh_[a][0] += y.x;
+                    kh_[a][1] += y.y;
+                    kh_[a][2] += y.z;
+                    kh_[a][3] += y.w;
+                }
+#else
                 h_times(kh_, hs, Kr);
+#endif
                 // R^T in place of KH^T; lv.
                 int bad = len;
 #pragma unroll
@@ -297,16 +338,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             // wait). Barrier 2: the output warps have read h (they arrive, state warps wait
             // before the update overwrites it). Both count every thread of the block.
             if (state_warp) {
+                if (half == 0) {
 #pragma unroll
-                for (int a = 0; a < NTT; ++a) vx[32 * a] = make_float4(vn[a][0], vn[a][1], vn[a][2], vn[a][3]);
-                if (lane == 0) *lv_at = lv;
-                bar_arrive(1, THREADS);
+                    for (int a = 0; a < NTT; ++a) vx[32 * a] = make_float4(vn[a][0], vn[a][1], vn[a][2], vn[a][3]);
+                    if (lane == 0) *lv_at = lv;
+                    bar_arrive(1, GROUPS * 64);
+                }
                 bar_sync(2, THREADS);
             } else {
                 float qh[NTT][4];
                 output_qh(qh);
                 bar_arrive(2, THREADS);
-                bar_sync(1, THREADS);
+                bar_sync(1, GROUPS * 64);
 #pragma unroll
                 for (int a = 0; a < NTT; ++a) {
                     const float4 x = vx[32 * a];
@@ -344,11 +387,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 // UPD tiles of h^T at a time: that many independent accumulator chains (two
                 // left the update waiting on each tensor-core result).
 #pragma unroll
-                for (int nd0 = 0; nd0 < NDT; nd0 += UPD) {
+                for (int u0 = 0; u0 < NDH; u0 += UPD) {
+                    const int ndu = nd0 + u0;
                     float h[UPD][4];
 #pragma unroll
                     for (int x = 0; x < UPD; ++x) {
-                        const float4 y = hs[32 * (nd0 + x)];
+                        const float4 y = hs[32 * (ndu + x)];
                         h[x][0] = y.x * d_last;
                         h[x][1] = y.y * d_last;
                         h[x][2] = y.z * d_last;
@@ -359,12 +403,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #pragma unroll
                         for (int x = 0; x < UPD; x += 2) {
                             unsigned bk[4];
-                            ldsm_bt(bk, Kr, SK, 16 * kb, 8 * (nd0 + x));
+                            ldsm_bt(bk, Kr, SK, 16 * kb, 8 * (ndu + x));
                             mma3(h[x], aw[kb], bk[0], bk[1]);
                             mma3(h[x + 1], aw[kb], bk[2], bk[3]);
                         }
 #pragma unroll
-                    for (int x = 0; x < UPD; ++x) hs[32 * (nd0 + x)] = make_float4(h[x][0], h[x][1], h[x][2], h[x][3]);
+                    for (int x = 0; x < UPD; ++x) hs[32 * (ndu + x)] = make_float4(h[x][0], h[x][1], h[x][2], h[x][3]);
                 }
             }
 #if NBUF == 1
@@ -374,7 +418,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         }
         if (fin && state_warp) {
 #pragma unroll
-            for (int nd = 0; nd < NDT; ++nd)
+            for (int nd = nd0; nd < nd0 + NDH; ++nd)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) fin[sbase + state_at(nd, e)] = (&hs[32 * nd].x)[e];
         }
