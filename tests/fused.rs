@@ -89,6 +89,13 @@ fn tunings() -> Vec<fused::Tuning> {
             nbuf: Some(1),
             ..Tuning::default()
         },
+        Tuning {
+            regs: Some(true),
+            split: Some(true),
+            ksplit: Some(true),
+            vt: Some(32),
+            ..Tuning::default()
+        },
     ]
 }
 
