@@ -83,6 +83,8 @@ pub struct RankOutput {
     pub final_seqs: Vec<usize>,
     /// Their final states, `[final_seqs, HV, K, V]` (or `[.., V, K]`), with `output_final_state`.
     pub final_state: Option<Tensor<'static>>,
+    /// Seconds this rank spent in the exchange, waiting for the other ranks included.
+    pub exchange_s: f64,
 }
 
 /// One sequence's share of a rank: `seq` over the rank-local tokens `local`.
@@ -183,7 +185,9 @@ pub fn forward_rank(
     let last_rank = rank + 1 == ex.ranks();
     let prepared = prepare(device, shard, cu_seqlens, &tokens, opts, last_rank);
     let mine = prepared.as_ref().map_or(Vec::new(), |p| p.summary.clone());
+    let start = std::time::Instant::now();
     let all = ex.all_gather(rank, mine)?;
+    let exchange_s = start.elapsed().as_secs_f64();
     let p = prepared?;
     let (hv, dk, dv) = (p.hv, p.dk, p.dv);
     let (kv, v_first) = (dk * dv, opts.state_v_first);
@@ -237,6 +241,7 @@ pub fn forward_rank(
             },
             final_seqs,
             tokens,
+            exchange_s,
         });
     }
     let mut cu = vec![0i64];
@@ -252,6 +257,7 @@ pub fn forward_rank(
         final_state: out.final_state.map(|f| keep(&f.to_f32())).transpose()?,
         final_seqs,
         tokens,
+        exchange_s,
     })
 }
 
@@ -377,6 +383,20 @@ pub fn forward_ranks(
     opts: &Options,
     cuts: &[usize],
 ) -> Result<Vec<RankOutput>> {
+    forward_ranks_on(std::slice::from_ref(device), x, opts, cuts)
+}
+
+/// [`forward_ranks`] with rank r on `devices[r % devices.len()]`: one process driving several
+/// GPUs (a thread per rank), the summaries exchanged through host memory.
+pub fn forward_ranks_on(
+    devices: &[Device],
+    x: &Inputs<'_>,
+    opts: &Options,
+    cuts: &[usize],
+) -> Result<Vec<RankOutput>> {
+    if devices.is_empty() {
+        return Err(Error::invalid("devices", "at least one device", "none"));
+    }
     let shape = x.q.shape();
     let t = if shape.len() == 4 && shape[0] == 1 {
         shape[1]
@@ -423,6 +443,7 @@ pub fn forward_ranks(
         let handles: Vec<_> = (0..ranks)
             .map(|r| {
                 let (shard, cu, ex) = (&shards[r], &cu, &ex);
+                let device = &devices[r % devices.len()];
                 s.spawn(move || forward_rank(device, shard, cu, cuts[r]..cuts[r + 1], opts, r, ex))
             })
             .collect();

@@ -1385,3 +1385,50 @@ fn plot_draws_bench_and_anchor_files() {
         assert!(stderr(&o).contains(needle), "{}", stderr(&o));
     }
 }
+
+/// `bench --ranks N`: the prefill split among N ranks beside the plain forward (rows and the
+/// speed-up line), and the refusals (B > 1, a work other than the prefill, N < 2).
+#[test]
+fn bench_ranks_times_the_split_prefill() {
+    let dir = scratch("bench-ranks");
+    let json = dir.join("bench.json");
+    let o = wait_at_most(
+        spawn(&argv(
+            "bench --device cpu --shape 1,300,2,4,16,8 --varlen 3 --work prefill --ranks 3 --repeats 2 --warmup 0 --json {}",
+            &[&json],
+        )),
+        300,
+        "bench --ranks",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("3 ranks on the CPU"), "{out}");
+    assert!(
+        out.contains("prefill ranks") && out.contains("rank exchange"),
+        "{out}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json file")).expect("valid JSON");
+    let works: Vec<&str> = v["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .filter_map(|r| r["work"].as_str())
+        .collect();
+    assert_eq!(
+        works,
+        ["prefill", "prefill host", "prefill ranks", "rank exchange"]
+    );
+    for (args, needle) in [
+        ("bench --shape 2,300,2,4,16,8 --ranks 2", "B = 1"),
+        (
+            "bench --shape 1,300,2,4,16,8 --work decode --ranks 2",
+            "--work prefill",
+        ),
+        ("bench --shape 1,300,2,4,16,8 --ranks 1", "--ranks"),
+    ] {
+        let o = deltanet(&args.split(' ').collect::<Vec<_>>());
+        assert_eq!(o.status.code(), Some(2), "{args}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args}: {}", stderr(&o));
+    }
+}

@@ -86,6 +86,13 @@ pub struct Args {
     /// bf16 inputs runs).
     #[arg(long, default_value = "exact", value_parser = crate::parse_precision)]
     precision: deltanet::Precision,
+    /// Also time the prefill with its tokens split among N ranks (context parallelism; B = 1):
+    /// one process drives the devices, a thread per rank (GPUs cuda:0..N-1 where there are
+    /// that many, else the ranks share --device), the ranks' summaries exchanged through host
+    /// memory. Timed end to end from host tensors, beside the plain forward timed the same
+    /// way; prints the speed-up and the exchange's share.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..=64))]
+    ranks: Option<u64>,
 }
 
 /// The sequence offsets of `n` sequences sharing `t` tokens by the anchors' rule (see
@@ -228,6 +235,16 @@ pub fn main(a: Args) -> CmdResult {
     if let Some(path) = &a.json {
         deltanet::io::check_output_path(path)?;
     }
+    if a.ranks.is_some() && b != 1 {
+        return Err(Failure::usage(format!(
+            "--ranks: expected --shape with B = 1 (the ranks split one packed batch), got B = {b}"
+        )));
+    }
+    if a.ranks.is_some() && !matches!(a.work, Work::Prefill | Work::All) {
+        return Err(Failure::usage(
+            "--ranks: expected --work prefill or all (the ranks split the prefill)",
+        ));
+    }
     let device = open_device(&a.device)?;
     let works: Vec<Work> = match a.work {
         Work::All => vec![Work::Prefill, Work::Decode, Work::SolveTril],
@@ -258,6 +275,29 @@ pub fn main(a: Args) -> CmdResult {
         Device::Cuda(d) => bench_on(d.as_ref(), &a, &others, &opts, &bar, Some(d)),
     };
     let mut rows = rows?;
+    let mut ranks_note = None;
+    if let Some(n) = a.ranks {
+        let (devices, note) = rank_devices(&device, n as usize);
+        let r = bench_ranks(&devices, &a, &opts, &bar)?;
+        let med = |w: &str| {
+            r.iter()
+                .find(|x| x.work == w)
+                .map(|x| x.sorted()[x.times_ms.len() / 2])
+        };
+        if let (Some(one), Some(many), Some(ex)) = (
+            med("prefill host"),
+            med("prefill ranks"),
+            med("rank exchange"),
+        ) {
+            ranks_note = Some(format!(
+                "{n} ranks on {note}: {:.2}x the plain forward (efficiency {:.0} %), the exchange (waits included) {:.1} % of the time",
+                one / many,
+                100.0 * one / many / n as f64,
+                100.0 * ex / many
+            ));
+        }
+        rows.extend(r);
+    }
     if works.contains(&Work::Decode) {
         let d = crate::bench_decode::DecodeBench {
             shape: a.shape.0,
@@ -307,6 +347,9 @@ pub fn main(a: Args) -> CmdResult {
         "{:<11} {:>11} {:>11} {:>11}  throughput",
         "work", "median ms", "min ms", "max ms"
     );
+    if let Some(note) = &ranks_note {
+        println!("{note}");
+    }
     for r in &rows {
         let mut thr = Vec::new();
         if let Some(x) = r.tokens_per_s() {
@@ -456,6 +499,83 @@ fn bench_on<D: HostIo>(
         }
     }
     Ok(rows)
+}
+
+/// The devices of `n` ranks: GPUs 0..n where they exist (else the ones that do, shared), or
+/// `device` itself for the CPU; and a few words saying which.
+fn rank_devices(device: &Device, n: usize) -> (Vec<Device>, String) {
+    match device {
+        Device::Cpu => (vec![Device::Cpu], "the CPU (threads, shared)".to_string()),
+        Device::Cuda(_) => {
+            let mut gpus: Vec<Device> = Vec::new();
+            for i in 0..n {
+                match Device::cuda(i) {
+                    Ok(d) => gpus.push(d),
+                    Err(_) => break,
+                }
+            }
+            if gpus.is_empty() {
+                gpus.push(device.clone());
+            }
+            let note = if gpus.len() == n {
+                format!("{n} GPUs")
+            } else {
+                format!("{} GPU(s), shared", gpus.len())
+            };
+            (gpus, note)
+        }
+    }
+}
+
+/// The plain forward and the forward over ranks (see `Args::ranks`), host tensors in and out,
+/// wall clock; and each run's longest exchange.
+fn bench_ranks(
+    devices: &[Device],
+    a: &Args,
+    opts: &Options,
+    bar: &ProgressBar,
+) -> Result<Vec<Row>, Failure> {
+    let [b, t, h, hv, k, v] = a.shape.0;
+    let n = a.ranks.unwrap_or(1) as usize;
+    let mut x = layer_inputs_periodic(
+        &mut Rng::new(0),
+        [b, t, h, hv, k, v],
+        a.dtype,
+        false,
+        PERIOD,
+    )?;
+    if let Some(s) = a.varlen {
+        x.cu_seqlens = Some(varlen_cu_seqlens(s as usize, t));
+    }
+    let p = Problem::from_inputs(&x, opts)?;
+    let cuts: Vec<usize> = (0..=n).map(|r| r * t / n).collect();
+    let (mut one, mut many, mut exchange) = (Vec::new(), Vec::new(), Vec::new());
+    bar.set_message("ranks");
+    for i in 0..a.warmup + a.repeats {
+        let start = std::time::Instant::now();
+        deltanet::forward(&devices[0], &x, opts)?;
+        let t1 = start.elapsed().as_secs_f64() * 1e3;
+        let start = std::time::Instant::now();
+        let outs = deltanet::cp::forward_ranks_on(devices, &x, opts, &cuts)?;
+        let t2 = start.elapsed().as_secs_f64() * 1e3;
+        if i >= a.warmup {
+            one.push(t1);
+            many.push(t2);
+            exchange.push(outs.iter().map(|o| o.exchange_s * 1e3).fold(0.0, f64::max));
+        }
+    }
+    let row = |work, times_ms, tokens: bool| Row {
+        work,
+        times_ms,
+        tokens: tokens.then(|| p.tokens()),
+        bytes: None,
+        flops: tokens.then(|| prefill_flops(&p)),
+    };
+    Ok(vec![
+        row("prefill host", one, true),
+        row("prefill ranks", many, true),
+        row("rank exchange", exchange, false),
+    ])
 }
 
 /// The prefill on a GPU as an engine runs it ([`Plan::forward`]): q, k, v in their own dtype
