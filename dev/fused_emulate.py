@@ -82,8 +82,9 @@ def main():
     drv = os.path.join(root, "dev/fused_emulate_driver.cpp")
     # One translation unit per kernel configuration (each has its own macros).
     # (K, V, columns a block, output warps, K split between two state warps)
-    confs = [(32, 32, 16, 0, 0), (32, 32, 16, 1, 0), (32, 32, 32, 1, 0), (32, 32, 16, 1, 1),
-             (64, 48, 16, 0, 0), (64, 48, 16, 1, 0), (64, 48, 16, 1, 1), (32, 32, 32, 1, 1)]
+    # K = 96 and 80: the update's tiles of h^T not a multiple of 8.
+    confs = [(32, 32, 16, 0, 0), (32, 32, 16, 1, 0), (96, 32, 32, 0, 0), (32, 32, 16, 1, 1),
+             (80, 32, 32, 1, 0), (64, 48, 16, 1, 0), (64, 48, 16, 1, 1), (32, 32, 32, 1, 1)]
     entries = []
     for n, (dk, dv, vt, split, ksplit) in enumerate(confs):
         d = (f"#define DK {dk}\n#define DV {dv}\n#define VT {vt}\n#define IN_T 1\n#define FUSED_MMA 1\n"

@@ -83,25 +83,21 @@ static int __any_sync(unsigned, int p) {
     w.bar.arrive_and_wait();
     return r;
 }
-// Named barriers (PTX bar.arrive / bar.sync with a thread count).
+// Named barriers (PTX bar.arrive / bar.sync with a thread count): a count that only grows.
+// bar.arrive adds itself (a release) and goes on without taking anything from the others, as
+// on the GPU; bar.sync adds itself and waits (acquire) until the count reaches the end of its
+// phase. (A mutex shared by both would hand arriving threads the writes of the waiting ones.)
 struct NamedBar {
-    std::mutex m;
-    std::condition_variable cv;
-    int count = 0;
-    long gen = 0;
+    std::atomic<long> count{0};
 };
 static NamedBar emu_named[16];
-static void emu_bar_arrive(int id, int n) {
-    NamedBar& b = emu_named[id];
-    std::lock_guard<std::mutex> g(b.m);
-    if (++b.count == n) { b.count = 0; ++b.gen; b.cv.notify_all(); }
+static void emu_bar_arrive(int id, int) {
+    emu_named[id].count.fetch_add(1, std::memory_order_release);
 }
 static void emu_bar_sync(int id, int n) {
-    NamedBar& b = emu_named[id];
-    std::unique_lock<std::mutex> g(b.m);
-    const long gen = b.gen;
-    if (++b.count == n) { b.count = 0; ++b.gen; b.cv.notify_all(); return; }
-    b.cv.wait(g, [&] { return b.gen != gen; });
+    const long old = emu_named[id].count.fetch_add(1, std::memory_order_acq_rel);
+    const long end = (old / n + 1) * n;
+    while (emu_named[id].count.load(std::memory_order_acquire) < end) std::this_thread::yield();
 }
 // Shared-space addresses are offsets into the block's shared memory.
 static unsigned long long emu_smem_addr(const void* p) {
@@ -208,6 +204,7 @@ static void emu_launch(long long grid, int threads, long long smem, F f) {
     emu_block_dim = threads;
     emu_grid_dim = (unsigned)grid;
     for (long long b = 0; b < grid; ++b) {
+        for (auto& nb : emu_named) nb.count.store(0);
         emu_smem_buf.assign(smem + 64, 0xff);
         std::barrier<> bb(threads);
         emu_block_bar = &bb;

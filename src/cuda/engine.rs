@@ -416,27 +416,19 @@ pub(crate) fn step_layout(p: &Problem, opts: &Options, dtype: DType) -> StepLayo
     }
 }
 
-/// Where the fused forward keeps its intermediates: its own workspace, and `o` in f32 when the
-/// output is 16-bit.
+/// Where the fused forward keeps its intermediates: its own workspace (its kernels write `o` in
+/// the output dtype themselves).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct FusedLayout {
     pub fused: Region,
-    pub o32: Region,
     pub bytes: usize,
 }
 
-pub(crate) fn fused_layout(p: &Problem, opts: &Options, dtype: DType) -> FusedLayout {
+pub(crate) fn fused_layout(p: &Problem) -> FusedLayout {
     let mut c = Carver::default();
     let fused = c.f32s(fused::workspace_bytes(p) / 4);
-    let narrow = if out_dtype(opts, dtype) == DType::F32 {
-        0
-    } else {
-        p.tokens() * p.v_heads() * p.dv()
-    };
-    let o32 = c.f32s(narrow);
     FusedLayout {
         fused,
-        o32,
         bytes: c.end,
     }
 }
@@ -446,7 +438,7 @@ pub(crate) fn fused_layout(p: &Problem, opts: &Options, dtype: DType) -> FusedLa
 pub fn forward_workspace_bytes(p: &Problem, opts: &Options, dtype: DType) -> usize {
     let stages = forward_layout(p, opts, dtype).bytes;
     if fused::shaped_for(p, opts) {
-        stages.max(fused_layout(p, opts, dtype).bytes)
+        stages.max(fused_layout(p).bytes)
     } else {
         stages
     }
@@ -767,7 +759,7 @@ impl Plan {
     /// [`Plan::forward`] on the fused kernels (the caller checked `fused::supported` and the
     /// 16-byte alignment of q, k and v they read with vector loads).
     fn forward_fused(&self, io: &ForwardIo<'_>, workspace: &Workspace<'_>) -> Result<()> {
-        let l = fused_layout(&self.p, &self.opts, self.dtype);
+        let l = fused_layout(&self.p);
         let base = workspace.ptr;
         let x = &io.inputs;
         let fio = fused::FusedIo {

@@ -512,7 +512,14 @@ fn regs_config(
     // 255 registers a thread.
     let mut vt = pick(128);
     let split = tuning.split.unwrap_or(vt < 128);
-    let widest = if split { 64 } else { 128 };
+    // The K split (two state warps over halves of K: K a multiple of 32) makes blocks of three
+    // warps per 16 columns: at most 32 columns keep 255 registers a thread.
+    let ksplit = split && dk % 32 == 0 && tuning.ksplit == Some(true);
+    let widest = match (split, ksplit) {
+        (_, true) => 32,
+        (true, false) => 64,
+        _ => 128,
+    };
     if split {
         vt = pick(widest);
     }
@@ -535,7 +542,7 @@ fn regs_config(
         },
         split,
         out: DType::F32,
-        ksplit: split && tuning.ksplit == Some(true),
+        ksplit,
     };
     let max = dev.max_shared_per_block();
     if cfg.shared_bytes(Kernel::ChunkRecurrentRegs) > max {

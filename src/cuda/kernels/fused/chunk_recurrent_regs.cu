@@ -42,6 +42,9 @@
 #if KSPLIT == 2 && !SPLIT_OUT
 #error "KSPLIT = 2 needs SPLIT_OUT"
 #endif
+#if KSPLIT == 2 && DK % 32 != 0
+#error "KSPLIT = 2 needs K a multiple of 32 (halves of whole 16-row blocks)"
+#endif
 #define GROUPS (VT / 16)  // 16-column groups, each with its state warps (and an output warp)
 #define THREADS (GROUPS * 32 * (KSPLIT + SPLIT_OUT))
 #define C 64
@@ -52,7 +55,8 @@
 #define NDT (DK / 8)     // h^T as 16 x 8 tiles over K
 #define NTT (C / 8)      // 16 x 8 tiles over the chunk's rows
 #define NDH (NDT / KSPLIT)  // tiles of h^T per state warp
-#define UPD (NDH < 8 ? NDH : 8)  // tiles of h^T updated at once
+// Tiles of h^T updated at once: an even divisor of NDH (the tiles go in pairs) up to 8.
+#define UPD (NDH % 8 == 0 ? 8 : NDH % 6 == 0 ? 6 : NDH % 4 == 0 ? 4 : 2)
 typedef unsigned short u16;
 // Between the phases of a chunk: the compiler would otherwise keep row scalings loaded in one
 // phase alive in registers for the next (they are reread from shared memory instead).
