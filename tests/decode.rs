@@ -4,6 +4,8 @@
 //! kernel against the oracle and the CPU (skipped, saying so, where no GPU can be used). The
 //! kernel's source compiles through NVRTC without a GPU.
 
+mod common;
+
 use std::sync::{Arc, OnceLock};
 
 use deltanet::cuda::CudaDevice;
@@ -595,34 +597,7 @@ fn decode_kernel_compiles_with_nvrtc_and_moves_16_byte_vectors() {
 /// option and index kind, and warps looping over several items.
 #[test]
 fn decode_kernel_source_runs_correctly_under_host_emulation() {
-    let have = |cmd: &str| {
-        std::process::Command::new(cmd)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !have("g++") || !have("python3") {
-        eprintln!("skipped: the host emulation needs g++ and python3");
-        return;
-    }
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dev/decode_emulate.py");
-    if !script.exists() {
-        eprintln!("skipped: {} not found", script.display());
-        return;
-    }
-    let out = std::process::Command::new("python3")
-        .arg(script)
-        .arg("40")
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{}", log.lines().last().unwrap_or(""));
-    assert!(
-        out.status.success(),
-        "{log}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(log.contains("0/40 cases failed"), "{log}");
+    common::host_emulation_passes("decode_emulate.py", 40);
 }
 
 fn gpu() -> Option<Device> {

@@ -3,6 +3,8 @@
 //! l2norm, beta logits with and without negative eigenvalues, gate in kernel, hard resets,
 //! chunk states, f32/bf16/f16 inputs). Skips, saying so, where no GPU can be used.
 
+mod common;
+
 use std::sync::Arc;
 
 use deltanet::cuda::fused;
@@ -410,28 +412,5 @@ fn fused_fast_precision_within_fla_error_or_skip_without_gpu() {
 /// recurrence: a check that needs no GPU.
 #[test]
 fn fused_kernel_source_runs_correctly_under_host_emulation() {
-    let have = |cmd: &str| {
-        std::process::Command::new(cmd)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !have("g++") || !have("python3") {
-        eprintln!("skipped: the host emulation needs g++ and python3");
-        return;
-    }
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dev/fused_emulate.py");
-    let out = std::process::Command::new("python3")
-        .arg(script)
-        .arg("5")
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{}", log.lines().last().unwrap_or(""));
-    assert!(
-        out.status.success(),
-        "{log}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(log.contains("0/5 cases failed"), "{log}");
+    common::host_emulation_passes("fused_emulate.py", 5);
 }

@@ -87,3 +87,36 @@ pub fn make_case(s: &Spec) -> (Inputs<'static>, Options) {
     let c = s.build().unwrap();
     (c.inputs, c.opts)
 }
+
+/// Runs a kernel's host emulation (`dev/<script>`: its CUDA source compiled by g++ with lanes as
+/// threads, against a float64 reference) on `cases` random cases and asserts that none fails;
+/// skipped, saying so, without g++ or python3.
+pub fn host_emulation_passes(script: &str, cases: usize) {
+    let have = |cmd: &str| {
+        std::process::Command::new(cmd)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !have("g++") || !have("python3") {
+        eprintln!("skipped: the host emulation needs g++ and python3");
+        return;
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("dev")
+        .join(script);
+    assert!(path.exists(), "{} not found", path.display());
+    let out = std::process::Command::new("python3")
+        .arg(path)
+        .arg(cases.to_string())
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{}", log.lines().last().unwrap_or(""));
+    assert!(
+        out.status.success(),
+        "{log}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(log.contains(&format!("0/{cases} cases failed")), "{log}");
+}
