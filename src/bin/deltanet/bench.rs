@@ -448,16 +448,11 @@ fn bench_on<D: HostIo>(
     bar: &ProgressBar,
     gpu: Option<&Arc<CudaDevice>>,
 ) -> Result<Vec<Row>, Failure> {
-    let [b, t, h, hv, k, v] = a.shape.0;
-    let mut rng = Rng::new(0);
+    let hv = a.shape.0[3];
     let mut rows = Vec::new();
     let f4 = 4u128;
     if works.contains(&Work::Prefill) || works.contains(&Work::SolveTril) {
-        let shape = [b, t, h, hv, k, v];
-        let mut x = layer_inputs_periodic(&mut rng, shape, a.dtype, false, PERIOD)?;
-        if let Some(n) = a.varlen {
-            x.cu_seqlens = Some(varlen_cu_seqlens(n as usize, t));
-        }
+        let x = prefill_inputs(a)?;
         let p = Problem::from_inputs(&x, opts)?;
         if works.contains(&Work::Prefill) {
             let times = match gpu {
@@ -527,6 +522,22 @@ fn rank_devices(device: &Device, n: usize) -> (Vec<Device>, String) {
     }
 }
 
+/// The prefill's inputs of `--shape` and `--dtype` (seed 0; packed by `--varlen`).
+fn prefill_inputs(a: &Args) -> deltanet::Result<Inputs<'static>> {
+    let [b, t, h, hv, k, v] = a.shape.0;
+    let mut x = layer_inputs_periodic(
+        &mut Rng::new(0),
+        [b, t, h, hv, k, v],
+        a.dtype,
+        false,
+        PERIOD,
+    )?;
+    if let Some(n) = a.varlen {
+        x.cu_seqlens = Some(varlen_cu_seqlens(n as usize, t));
+    }
+    Ok(x)
+}
+
 /// The plain forward and the forward over ranks (see `Args::ranks`), host tensors in and out,
 /// wall clock; and each run's longest exchange.
 fn bench_ranks(
@@ -535,18 +546,9 @@ fn bench_ranks(
     opts: &Options,
     bar: &ProgressBar,
 ) -> Result<Vec<Row>, Failure> {
-    let [b, t, h, hv, k, v] = a.shape.0;
+    let t = a.shape.0[1];
     let n = a.ranks.unwrap_or(1) as usize;
-    let mut x = layer_inputs_periodic(
-        &mut Rng::new(0),
-        [b, t, h, hv, k, v],
-        a.dtype,
-        false,
-        PERIOD,
-    )?;
-    if let Some(s) = a.varlen {
-        x.cu_seqlens = Some(varlen_cu_seqlens(s as usize, t));
-    }
+    let x = prefill_inputs(a)?;
     let p = Problem::from_inputs(&x, opts)?;
     let cuts: Vec<usize> = (0..=n).map(|r| r * t / n).collect();
     let (mut one, mut many, mut exchange) = (Vec::new(), Vec::new(), Vec::new());
