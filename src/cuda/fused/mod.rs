@@ -205,7 +205,8 @@ impl Config {
         let qk = 2 * CHUNK * sk * self.in_bytes();
         match kernel {
             // The 16 bytes: the first non-finite row's slot (and the rows' 16-byte alignment).
-            Kernel::ChunkIntra => (2 * CHUNK * sc + 3 * 256 + 7 * CHUNK) * 4 + 16 + qk,
+            // A_strict and A_inv share the memory of the staged q and k rows.
+            Kernel::ChunkIntra => (3 * 256 + 7 * CHUNK) * 4 + 16 + qk.max(2 * CHUNK * sc * 4),
             Kernel::ChunkRecurrent => {
                 let sv = self.vt + 8;
                 let stage = qk + 2 * CHUNK * sc * 4 + CHUNK * sv * self.in_bytes() + CHUNK * 16;

@@ -14,17 +14,16 @@ typedef long long i64;
 // One step of the within-chunk cumsum of the gate: x below `reset` restarts the sum (a hard
 // reset; resets counts them), else acc += x with err collecting, by TwoSum, exactly what rounding
 // that add lost (plain adds: nothing reassociates them without fast math).
+// Written with selects rather than branches: the same values, and an unrolled loop of steps
+// has no branch to resolve per token.
 __device__ __forceinline__ void cumsum_step(float x, float reset, float& acc, float& err,
                                             float& resets) {
-    if (x < reset) {
-        acc = 0.0f;
-        err = 0.0f;
-        resets += 1.0f;
-    } else {
-        const float s = acc + x, b = s - acc;
-        err += (acc - (s - b)) + (x - b);
-        acc = s;
-    }
+    const bool r = x < reset;
+    const float s = acc + x, b = s - acc;
+    const float e = (acc - (s - b)) + (x - b);
+    acc = r ? 0.0f : s;
+    err = r ? 0.0f : err + e;
+    resets += r ? 1.0f : 0.0f;
 }
 
 // The within-chunk cumulative gate (see the Gamma doc in backend.rs), three [B, T, HV] arrays.

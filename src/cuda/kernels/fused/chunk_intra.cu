@@ -37,11 +37,10 @@ struct IntraParams {
 
 __device__ __forceinline__ float softplus_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraParams P) {
+// Four blocks per SM: at most 64 registers a thread (the shared memory allows five).
+extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const IntraParams P) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    float* As = (float*)smem_raw;          // [C][SA_] A_strict
-    float* Xs = As + C * SA_;              // [C][SA_] A_inv
-    float* Tm = Xs + C * SA_;              // [3][16][16] block-row temporaries
+    float* Tm = (float*)smem_raw;          // [3][16][16] block-row temporaries
     float* gam = Tm + 3 * 256;             // [C] each below
     float* lo = gam + C;
     float* seg = lo + C;
@@ -50,8 +49,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
     float* rq = rk + C;
     float* dd = rq + C;
     int* first_bad = (int*)(dd + C);       // [4]: lenf in [0]
+    // The staged q and k rows, and in the same memory once the products have read them (a
+    // barrier lies between), A_strict and A_inv: half the shared memory, more blocks per SM.
     in_t* Ks = (in_t*)(first_bad + 4);     // [C][SK]
     in_t* Qs = Ks + C * SK;                // [C][SK]
+    float* As = (float*)Ks;                // [C][SA_] A_strict (strictly lower part)
+    float* Xs = As + C * SA_;              // [C][SA_] A_inv (lower part)
 
     const in_t* __restrict__ q = (const in_t*)P.q;
     const in_t* __restrict__ k = (const in_t*)P.k;
@@ -73,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
         // The previous item read lenf into registers several barriers ago.
         if (tid == 0) *first_bad = len;
         __syncthreads();
-        // 1. Gate and beta activations (as the gate stage), zeroed matrices, q and k rows.
+        // 1. Gate and beta activations (as the gate stage), q and k rows.
         if (tid < C) {
             float ge = 0.0f, be = 0.0f;
             if (tid < len) {
@@ -88,10 +91,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
             gam[tid] = ge;
             bet[tid] = be;
         }
-        for (int e = tid; e < C * SA_; e += THREADS) {
-            As[e] = 0.0f;
-            Xs[e] = 0.0f;
-        }
         stage_rows<in_t, DK>(Ks, SK, k + (start * P.h + kh) * DK, P.h * DK, len);
         stage_rows<in_t, DK>(Qs, SK, q + (start * P.h + kh) * DK, P.h * DK, len);
         cp_async_commit();
@@ -100,11 +99,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
         // 2. gamma = cumsum(g), restarted after a hard reset; lo its TwoSum error (as cumsum.cu).
         if (tid == 0) {
             float acc = 0.0f, err = 0.0f, resets = 0.0f;
-            // Unrolled (rows past len skipped) so that the loads of g are issued ahead.
+            // Unrolled (rows past len are computed but not stored; cumsum_step has no branches)
+            // so that the loads of g are issued ahead: one thread runs it while the block waits.
 #pragma unroll
             for (int i = 0; i < C; ++i) {
+                cumsum_step(gam[i], P.reset, acc, err, resets);
                 if (i < len) {
-                    cumsum_step(gam[i], P.reset, acc, err, resets);
                     gam[i] = acc;
                     lo[i] = err;
                     seg[i] = resets;
@@ -187,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
                         const int l = cb + 8 * a + frag_col(e0 + h);
                         const bool valid = r < lenf && l <= r;
                         const float dec = valid ? decay(gam[r], lo[r], seg[r], gam[l], lo[l], seg[l]) : 0.0f;
-                        if (valid && l < r) As[r * SA_ + l] = bet[r] * rk[r] * rk[l] * sk[a][e0 + h] * dec;
+                        if (l < r) As[r * SA_ + l] = valid ? bet[r] * rk[r] * rk[l] * sk[a][e0 + h] * dec : 0.0f;
                         pv[h] = valid ? P.scale * rq[r] * rk[l] * sq[a][e0 + h] * dec : 0.0f;
                     }
                     if (r < len) {
@@ -222,9 +222,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
                     if (m >= cc) acc = fmaf(-Ab[r * SA_ + m], x[m], acc);
                 x[r] = acc;
             }
+            // Every row, the zeros above the diagonal too (the block rows read them).
 #pragma unroll
-            for (int r = 0; r < 16; ++r)
-                if (r >= cc) Xs[(b0 + r) * SA_ + b0 + cc] = x[r];
+            for (int r = 0; r < 16; ++r) Xs[(b0 + r) * SA_ + b0 + cc] = x[r];
         }
         __syncthreads();
         // Block row bi: X_{bi,bj} = -X_{bi,bi} sum_{bj <= bk < bi} A_{bi,bk} X_{bk,bj}; thread
@@ -262,8 +262,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
 #pragma unroll
             for (int h = 0; h < 4; ++h) {
                 const int l = l0 + 2 * h;
-                const float x0 = r < lenf ? Xs[r * SA_ + l] * bet[l] : 0.0f;
-                const float x1 = r < lenf ? Xs[r * SA_ + l + 1] * bet[l + 1] : 0.0f;
+                // A_inv is lower triangular; the blocks above the diagonal are never written.
+                const float x0 = r < lenf && l <= r ? Xs[r * SA_ + l] * bet[l] : 0.0f;
+                const float x1 = r < lenf && l + 1 <= r ? Xs[r * SA_ + l + 1] * bet[l + 1] : 0.0f;
                 split3(x0, x1, pc[0][h], pc[1][h], pc[2][h]);
             }
             uint4* dst = (uint4*)((unsigned short*)P.a_inv + ((start + r) * hv + j) * (PIECES * C) + l0);
@@ -273,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_intra(const IntraPar
 #else
         for (int e = tid; e < len * C; e += THREADS) {
             const int r = e / C, l = e % C;
-            a_inv[((start + r) * hv + j) * C + l] = r < lenf ? Xs[r * SA_ + l] * bet[l] : 0.0f;
+            a_inv[((start + r) * hv + j) * C + l] = r < lenf && l <= r ? Xs[r * SA_ + l] * bet[l] : 0.0f;
         }
 #endif
         if (tid < len) {
