@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The last call of the session (the device budget allows about 200 s): chunk_intra with A_strict
+# For the next session's first call (host-emulated, not yet run on a GPU): chunk_intra with A_strict
 # and A_inv in the memory of the staged rows (four blocks per SM) and a branch-free cumsum;
 # correctness first (fused tests, non-finite rows, engine tests, racecheck and memcheck over
 # fused runs), then the issue shapes (prefill, exact and fast, through the engine API) and the
@@ -21,6 +21,11 @@ for P in exact fast; do
   pb "$P varlen64 1,65536" --precision $P --shape 1,65536,16,32,128,128 --varlen 64 --repeats 20 --json $R/shape_${P}_varlen64.json
 done 2>&1 | tee $R/shapes.txt
 DELTANET_FUSED_ONLY=intra pb "intra-only exact 1,32768" --shape 1,32768,16,32,128,128 --repeats 20 | tee $R/intra.txt
+# The opt-in K split of the split recurrent kernel (two state warps per 16 columns).
+for P in exact fast; do for s in 1,32768,16,32,128,128 1,2048,16,32,128,128; do
+  DELTANET_FUSED_KSPLIT=1 pb "ksplit $P $s" --precision $P --shape $s --repeats 20
+done; done 2>&1 | tee $R/ksplit.txt
+run ksplit_equals 60 env DELTANET_FUSED_CASES=2 DELTANET_FUSED_REGS=1 DELTANET_FUSED_SPLIT=1 DELTANET_FUSED_KSPLIT=1 ./fused_test fused_equals --nocapture
 pack
 bench() { timeout 25 ./deltanet bench --device cuda --work decode --dtype bf16 --warmup 30 --repeats 300 "$@" 2>&1 | grep -E "^decode|^d2d"; }
 for s in "256,1,16,32,128,128" "256,1,16,32,128,128 --pool 1024" "64,1,16,32,128,128" "64,1,16,32,128,128 --tokens 4" "1,1,16,32,128,128"; do echo "== $s"; bench --shape $s; done 2>&1 | tee $R/decode_bench.txt
