@@ -4,8 +4,10 @@
 # correctness first (fused tests, non-finite rows, engine tests, racecheck and memcheck over
 # fused runs), then the issue shapes (prefill, exact and fast, through the engine API) and the
 # decode shapes, then the sweep for the plot. FLA and FlashQLA: calls V and W (same day).
-# run(command="bash .dev/all/callY.sh", carry=[".dev/all"])
+# FLA (decode and the prefill shapes) in the same call, for the issues' one-run bars.
+# run(command="bash .dev/all/callY.sh", carry=[".dev/all", ".gpu/fla", ".gpu/anchors.py"])
 cd "$(dirname "$0")"
+TOP=$PWD/../..
 R=$OUT/y; mkdir -p $R
 pack() { tar czf $OUT/y.tgz -C $OUT y; }
 run() { local name=$1; shift; echo "== $name: $*"; ( time timeout "$@" ) > $R/$name.txt 2>&1; echo "rc=$?" >> $R/$name.txt; grep -E "median|test result|passed|failed|ERROR SUMMARY|RACECHECK SUMMARY|^rc=|worst|panicked|poisoned" $R/$name.txt | tail -5; }
@@ -29,12 +31,16 @@ run ksplit_equals 60 env DELTANET_FUSED_CASES=2 DELTANET_FUSED_REGS=1 DELTANET_F
 pack
 bench() { timeout 25 ./deltanet bench --device cuda --work decode --dtype bf16 --warmup 30 --repeats 300 "$@" 2>&1 | grep -E "^decode|^d2d"; }
 for s in "256,1,16,32,128,128" "256,1,16,32,128,128 --pool 1024" "64,1,16,32,128,128" "64,1,16,32,128,128 --tokens 4" "1,1,16,32,128,128"; do echo "== $s"; bench --shape $s; done 2>&1 | tee $R/decode_bench.txt
+python3 -m pip install -q --no-index --no-deps --target /tmp/site $TOP/.gpu/fla/*.whl > /dev/null 2>&1
+PYTHONPATH=/tmp/site timeout 60 python3 $TOP/.gpu/anchors.py --impl fla --decode "1,32,16,128,128;256,32,16,128,128;64,32,16,128,128" --json $R/fla_decode.json 2>&1 | tail -4
+for s in "256,1,16,32,128,128" "1,1,16,32,128,128"; do echo "== again $s"; bench --shape $s; done 2>&1 | tee -a $R/decode_bench.txt
+PYTHONPATH=/tmp/site timeout 100 python3 $TOP/.gpu/anchors.py --impl fla --shapes "1,32768,16,32,128,128;1,65536,16,32,128,128;8,8192,16,32,128,128;1,2048,16,32,128,128" --varlen "64,65536,16,32,128,128" --json $R/fla_shapes.json 2>&1 | tail -6
 pack
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 run racecheck 50 $CS --tool racecheck --error-exitcode 9 ./deltanet selftest --device cuda --count 2
 run memcheck 50 $CS --tool memcheck --error-exitcode 9 ./deltanet selftest --device cuda --count 2
 pack
-for T in 2048 8192 32768 131072; do for P in exact fast; do
+for T in 8192 131072; do for P in exact fast; do
   pb "$P T=$T" --precision $P --shape 1,$T,16,32,128,128 --repeats 10 --json $R/sweep_${P}_$T.json
 done; done 2>&1 | tee $R/sweep.txt
 pack
