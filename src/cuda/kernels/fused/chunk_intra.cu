@@ -91,8 +91,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             gam[tid] = ge;
             bet[tid] = be;
         }
-        stage_rows<in_t, DK>(Ks, SK, k + (start * P.h + kh) * DK, P.h * DK, len);
-        stage_rows<in_t, DK>(Qs, SK, q + (start * P.h + kh) * DK, P.h * DK, len);
+        stage_rows_by<in_t, DK, THREADS>(Ks, SK, k + (start * P.h + kh) * DK, P.h * DK, len, tid);
+        stage_rows_by<in_t, DK, THREADS>(Qs, SK, q + (start * P.h + kh) * DK, P.h * DK, len, tid);
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();

@@ -47,6 +47,7 @@
 #endif
 #define GROUPS (VT / 16)  // 16-column groups, each with its state warps (and an output warp)
 #define THREADS (GROUPS * 32 * (KSPLIT + SPLIT_OUT))
+#define STAGERS (SPLIT_OUT ? GROUPS * 32 : THREADS)  // threads that stage a chunk's rows
 #define C 64
 #define SK (DK + 8)      // K and Q rows (bf16): consecutive rows 4 banks apart, so the 8 rows of
                          // an ldmatrix hit distinct banks
@@ -202,16 +203,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         const i64 kh = qk_head(j, P.h, hv, P.tiled);
         const i64 c0 = tile * VT;
         // Queues chunk ci's rows into stage buffer b (rows past the chunk's end are zero).
+        // With SPLIT_OUT the output warps stage the rows: the copies stay off the state chain.
         auto issue = [&](i64 ci, int b) {
+            if (SPLIT_OUT && state_warp) return;
+            const int tid = threadIdx.x - (SPLIT_OUT ? KSPLIT * GROUPS * 32 : 0);
             const Stage st = stage_at(smem_raw + b * stage_bytes());
             const i64 start = chunk_start[ci];
             const int len = (int)chunk_len[ci];
-            stage_rows<u16, DK>(st.K, SK, k + (start * P.h + kh) * DK, P.h * DK, len);
-            stage_rows<u16, DK>(st.Q, SK, q + (start * P.h + kh) * DK, P.h * DK, len);
-            stage_rows<u16, PIECES * C>(st.X, SPL, a_inv + (start * hv + j) * (PIECES * C), hv * PIECES * C, len);
-            stage_rows<u16, PIECES * C>(st.Pm, SPL, pin + (start * hv + j) * (PIECES * C), hv * PIECES * C, len);
-            stage_rows<u16, VT>(st.Vr, SVR, v + (start * hv + j) * DV + c0, hv * DV, len);
-            stage_rows<float, 4>((float*)st.sc, 4, (const float*)(scal + start * hv + j), hv * 4, len);
+            stage_rows_by<u16, DK, STAGERS>(st.K, SK, k + (start * P.h + kh) * DK, P.h * DK, len, tid);
+            stage_rows_by<u16, DK, STAGERS>(st.Q, SK, q + (start * P.h + kh) * DK, P.h * DK, len, tid);
+            // a_inv and p plane by plane (64 bf16 each: the pieces of a row divide the stagers).
+            const i64 xrow = (start * hv + j) * (PIECES * C), xstride = hv * PIECES * C;
+#pragma unroll
+            for (int pc = 0; pc < PIECES; ++pc) {
+                stage_rows_by<u16, C, STAGERS>(st.X + pc * C, SPL, a_inv + xrow + pc * C, xstride, len, tid);
+                stage_rows_by<u16, C, STAGERS>(st.Pm + pc * C, SPL, pin + xrow + pc * C, xstride, len, tid);
+            }
+            stage_rows_by<u16, VT, STAGERS>(st.Vr, SVR, v + (start * hv + j) * DV + c0, hv * DV, len, tid);
+            stage_rows_by<float, 4, STAGERS>((float*)st.sc, 4, (const float*)(scal + start * hv + j), hv * 4, len, tid);
             cp_async_commit();
         };
         // hs[32 nd] = {h[8 nd + 2t + (e & 1)][c0 + cw + g + 8 (e >> 1)] : e < 4}: this lane's

@@ -162,6 +162,38 @@ __device__ __forceinline__ void stage_rows(T* dst, int dst_stride, const T* src,
     }
 }
 
+// stage_rows by NT copying threads known at compile time, this one `tid` (0 <= tid < NT): where
+// NT is a multiple of the 16-byte pieces of a row, each thread keeps one piece of every
+// (NT / pieces)-th row, so the loop unrolls into a pointer step, a compare and a copy per piece.
+// Why: the general loop (a division, a remainder and a 64-bit product per piece) was half of
+// chunk_recurrent_regs's instructions (Nsight Compute, NOTES-GPU.md).
+template <typename T, int cols, int NT>
+__device__ __forceinline__ void stage_rows_by(T* dst, int dst_stride, const T* src, i64 src_stride,
+                                              int len, int tid) {
+    constexpr int per_row = cols * (int)sizeof(T) / 16;
+    if constexpr (NT % per_row == 0) {
+        constexpr int step = NT / per_row;  // rows apart of one thread's pieces
+        constexpr int iters = (64 + step - 1) / step;
+        const int r0 = tid / per_row, off = (tid % per_row) * (16 / (int)sizeof(T));
+        const T* s = src + r0 * src_stride + off;
+        T* d = dst + r0 * dst_stride + off;
+        const i64 s_step = step * src_stride;
+#pragma unroll 4
+        for (int it = 0; it < iters; ++it) {
+            const int i = r0 + it * step;
+            if (64 % step == 0 || i < 64) cp_async16(d + it * step * dst_stride, i < len ? s : src, i < len);
+            s += s_step;
+        }
+    } else {
+        for (int e = tid; e < 64 * per_row; e += NT) {
+            const int i = e / per_row, piece = e % per_row;
+            const int off = piece * (16 / (int)sizeof(T));
+            const bool valid = i < len;
+            cp_async16(dst + i * dst_stride + off, valid ? src + i * src_stride + off : src, valid);
+        }
+    }
+}
+
 // warp_mma for NA (1 or 2) A operands sharing one B operand (its fragments loaded and split
 // once), with two accumulator sets for alternate k steps so that consecutive tensor-core
 // products do not wait on each other; the sets are added at the end.
