@@ -81,6 +81,7 @@ fn tunings() -> Vec<fused::Tuning> {
         Tuning {
             regs: Some(true),
             split: Some(true),
+            ksplit: Some(false),
             vt: Some(32),
             ..Tuning::default()
         },

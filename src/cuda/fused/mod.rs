@@ -398,8 +398,8 @@ pub struct Tuning {
     /// The split `chunk_recurrent_regs` (an output warp beside each state warp); by default
     /// taken where the plain kernel's blocks would hold fewer than 128 columns.
     pub split: Option<bool>,
-    /// With the split kernel, two state warps per 16 columns over halves of K (not measured
-    /// yet; off by default).
+    /// With the split kernel, two state warps per 16 columns over halves of K; by default on
+    /// with three pieces (the exact precision) where K is a multiple of 32.
     pub ksplit: Option<bool>,
 }
 
@@ -513,9 +513,17 @@ fn regs_config(
     // 255 registers a thread.
     let mut vt = pick(128);
     let split = tuning.split.unwrap_or(vt < 128);
+    let pieces = match tuning.pieces {
+        Some(n @ 1..=3) => n,
+        _ if opts.precision == crate::Precision::Fast => 1,
+        _ => 3,
+    };
     // The K split (two state warps over halves of K: K a multiple of 32) makes blocks of three
-    // warps per 16 columns: at most 32 columns keep 255 registers a thread.
-    let ksplit = split && dk % 32 == 0 && tuning.ksplit == Some(true);
+    // warps per 16 columns: at most 32 columns keep 255 registers a thread. Measured on an H200
+    // (NOTES-GPU.md, calls AA and AB): exact 1.7-2 % faster at B=1 (T=32768 3.44 -> 3.38 ms,
+    // T=65536 6.83 -> 6.69), fast 15 % slower (1.77 -> 2.04 ms); so on by default with three
+    // pieces only.
+    let ksplit = split && dk % 32 == 0 && tuning.ksplit.unwrap_or(pieces == 3);
     let widest = match (split, ksplit) {
         (_, true) => 32,
         (true, false) => 64,
@@ -536,11 +544,7 @@ fn regs_config(
         nbuf: if tuning.nbuf == Some(1) { 1 } else { 2 },
         wide: false,
         regs: true,
-        pieces: match tuning.pieces {
-            Some(n @ 1..=3) => n,
-            _ if opts.precision == crate::Precision::Fast => 1,
-            _ => 3,
-        },
+        pieces,
         split,
         out: DType::F32,
         ksplit,
