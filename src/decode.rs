@@ -523,24 +523,20 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32]) -> Result<(Vec<f32>, Option<Vec
             for tok in 0..t {
                 let ti = seq * t + tok;
                 let tj = ti * hv + j;
-                let decay = g[tj].exp();
-                let k_row = &k[(ti * nh + kh) * dk..][..dk];
-                let q_row = &q[(ti * nh + kh) * dk..][..dk];
-                let v_row = &v[tj * dv..][..dv];
-                s.iter_mut().for_each(|e| *e *= decay);
-                u.iter_mut().for_each(|e| *e = 0.0);
-                for (r, &kr) in k_row.iter().enumerate() {
-                    crate::cpu::axpy(&mut u, kr, &s[r * dv..][..dv]);
-                }
-                for (uc, &vc) in u.iter_mut().zip(v_row) {
-                    *uc = beta[tj] * (vc - *uc);
-                }
-                let o_row = &mut o[tok * dv..][..dv];
-                for r in 0..dk {
-                    let srow = &mut s[r * dv..][..dv];
-                    crate::cpu::axpy(srow, k_row[r], &u);
-                    crate::cpu::axpy(o_row, scale * q_row[r], srow);
-                }
+                // The same token step as the in-pool path, so both give the same bits.
+                let mut rows: Vec<&mut [f32]> = s.chunks_exact_mut(dv.max(1)).collect();
+                crate::cpu::token_step(&mut crate::cpu::Token {
+                    state: &mut rows,
+                    src: None,
+                    k: &k[(ti * nh + kh) * dk..][..dk],
+                    q: &q[(ti * nh + kh) * dk..][..dk],
+                    v: &v[tj * dv..][..dv],
+                    decay: g[tj].exp(),
+                    beta: beta[tj],
+                    scale,
+                    u: &mut u,
+                    o: &mut o[tok * dv..][..dv],
+                });
                 if keep_all || tok + 1 == t {
                     states.extend_from_slice(&s);
                 }

@@ -446,6 +446,27 @@ fn cpu_multi_token_step_equals_single_steps_bitwise() {
     multi_token_equals_single_steps(&Device::Cpu, sh(3, 5, 2, 4, 8, 4, 7), true);
 }
 
+/// The CPU step that writes only the final states (in place in the pool) and the one that also
+/// keeps every token's state take the same arithmetic: the same bits in o and in the pool.
+#[test]
+fn cpu_step_gives_the_same_bits_with_and_without_token_states() {
+    let s = sh(3, 4, 2, 4, 8, 12, 7);
+    let mut rng = Rng::new(11);
+    for opts in option_sets().into_iter().filter(|o| !o.state_v_first) {
+        let x = inputs(&mut rng, s, DType::BF16, &opts);
+        let plan = index_plan(&mut rng, s, false, false);
+        let owned = Owned::new(&plan, false);
+        let idx = owned.indices();
+        let pool0 = rng.normal(s.pool * s.hv * s.dk * s.dv, 0.3);
+        let (mut pool_a, mut pool_b) = (pool0.clone(), pool0);
+        let a = decode_step(&Device::Cpu, &x, &mut pool_a, &idx, false, &opts).unwrap();
+        let b = decode_step(&Device::Cpu, &x, &mut pool_b, &idx, true, &opts).unwrap();
+        assert!(a.token_states.is_none() && b.token_states.is_some());
+        assert_eq!(a.o.to_f32(), b.o.to_f32(), "o, {opts:?}");
+        assert_eq!(pool_a, pool_b, "pool, {opts:?}");
+    }
+}
+
 fn small_inputs(n: usize, t: usize) -> (Inputs<'static>, Shape) {
     let s = Shape {
         n,

@@ -21,11 +21,11 @@ pub(crate) struct Token<'a, 'r> {
     pub o: &'a mut [f32],
 }
 
-/// Advances one [`Token`]. Two passes over the state, the decayed state never stored: the first
-/// reads it for `S^T k`, the second reads it again (from L1/L2) and writes the new one and `o`.
-/// Each element sees the same operations in the same order as decaying, updating and reading
-/// the state in separate passes would, so the result is that of the plain recurrence. Compiled
-/// for AVX-512 and for AVX2 as well, chosen at run time; with no FMA contraction every variant
+/// Advances one [`Token`]. Two passes over the state: the first reads it for `S^T k` and
+/// `S^T q` on the undecayed state, the second writes `decay S + k u^T`; the output follows from
+/// the sums, `o = scale (decay S^T q + u (q . k))`, which equals `scale S_new^T q` without a
+/// third read of the state or a running sum per column in the second pass. Compiled for
+/// AVX-512 and for AVX2 as well, chosen at run time; with no FMA contraction every variant
 /// rounds alike.
 pub(crate) fn token_step(t: &mut Token<'_, '_>) {
     #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
@@ -96,48 +96,47 @@ fn columns<const B: usize>(t: &mut Token<'_, '_>, c0: usize) -> usize {
         o,
     } = t;
     let (decay, beta, scale) = (*decay, *beta, *scale);
-    let mut acc = [0f32; B];
-    for (r, &kr) in k.iter().enumerate() {
+    let (mut ka, mut qa) = ([0f32; B], [0f32; B]);
+    for (r, (&kr, &qr)) in k.iter().zip(q.iter()).enumerate() {
         let s_in: &[f32] = match src {
             Some(src) => src[r],
             None => state[r],
         };
-        for (a, &s) in acc.iter_mut().zip(&s_in[c0..c0 + B]) {
-            *a += kr * (s * decay);
+        for ((a, b), &s) in ka.iter_mut().zip(qa.iter_mut()).zip(&s_in[c0..c0 + B]) {
+            *a += kr * s;
+            *b += qr * s;
         }
     }
+    let mut kq = 0f32;
+    for (&kr, &qr) in k.iter().zip(q.iter()) {
+        kq += kr * qr;
+    }
     let mut ub = [0f32; B];
-    for ((ub, &a), &vc) in ub.iter_mut().zip(&acc).zip(&v[c0..c0 + B]) {
-        *ub = beta * (vc - a);
+    for (((ub, o), (&a, &b)), &vc) in ub
+        .iter_mut()
+        .zip(&mut o[c0..c0 + B])
+        .zip(ka.iter().zip(&qa))
+        .zip(&v[c0..c0 + B])
+    {
+        *ub = beta * (vc - decay * a);
+        *o = scale * (decay * b + *ub * kq);
     }
     u[c0..c0 + B].copy_from_slice(&ub);
-    let mut ob = [0f32; B];
-    for (r, (&kr, &qr)) in k.iter().zip(q.iter()).enumerate() {
-        let qr = scale * qr;
+    for (r, &kr) in k.iter().enumerate() {
         let row = &mut state[r][c0..c0 + B];
         match src {
             Some(src) => {
-                for (((out, &s), &uc), oc) in row
-                    .iter_mut()
-                    .zip(&src[r][c0..c0 + B])
-                    .zip(&ub)
-                    .zip(&mut ob)
-                {
-                    let s = s * decay + kr * uc;
-                    *out = s;
-                    *oc += qr * s;
+                for ((out, &s), &uc) in row.iter_mut().zip(&src[r][c0..c0 + B]).zip(&ub) {
+                    *out = decay * s + kr * uc;
                 }
             }
             None => {
-                for ((out, &uc), oc) in row.iter_mut().zip(&ub).zip(&mut ob) {
-                    let s = *out * decay + kr * uc;
-                    *out = s;
-                    *oc += qr * s;
+                for (out, &uc) in row.iter_mut().zip(&ub) {
+                    *out = decay * *out + kr * uc;
                 }
             }
         }
     }
-    o[c0..c0 + B].copy_from_slice(&ob);
     B
 }
 
