@@ -431,6 +431,18 @@ fn cpu_decode_in_pool(
             }
         };
         let (mut u, mut o_row) = (vec![0f32; tw], vec![0f32; tw]);
+        // The state of the task after this one (usually the next on this thread): its rows are
+        // fetched during this task's last token.
+        let next = (task + 1 < n * hv * tiles)
+            .then(|| {
+                let nt = task + 1;
+                let row = plan.read[nt / (hv * tiles)];
+                let off = (row.max(0) as usize * hv + nt / tiles % hv) * kv + nt % tiles * tw;
+                // SAFETY: `plan` checked every read row against the pool; only an address is
+                // formed here (for prefetching), nothing is read through it.
+                (row >= 0).then(|| (unsafe { pool_ptr.0.add(off) } as *const f32, dv))
+            })
+            .flatten();
         for tok in 0..t {
             let ti = seq * t + tok;
             let tj = ti * hv + j;
@@ -445,6 +457,7 @@ fn cpu_decode_in_pool(
                 scale,
                 u: &mut u,
                 o: &mut o_row,
+                next: if tok + 1 == t { next } else { None },
             });
             // After the first token the state is read where it was written.
             src = None;
@@ -536,6 +549,7 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32]) -> Result<(Vec<f32>, Option<Vec
                     scale,
                     u: &mut u,
                     o: &mut o[tok * dv..][..dv],
+                    next: None,
                 });
                 if keep_all || tok + 1 == t {
                     states.extend_from_slice(&s);

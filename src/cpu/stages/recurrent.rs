@@ -19,6 +19,10 @@ pub(crate) struct Token<'a, 'r> {
     pub scale: f32,
     pub u: &'a mut [f32],
     pub o: &'a mut [f32],
+    /// The rows the caller will step next (their first element, and the row stride), fetched
+    /// towards the cache while this step's second pass runs: decode steps stream states far
+    /// larger than the caches, and the second pass works from cache, leaving memory idle.
+    pub next: Option<(*const f32, usize)>,
 }
 
 /// Advances one [`Token`]. Two passes over the state: the first reads it for `S^T k` and
@@ -94,6 +98,7 @@ fn columns<const B: usize>(t: &mut Token<'_, '_>, c0: usize) -> usize {
         scale,
         u,
         o,
+        next,
     } = t;
     let (decay, beta, scale) = (*decay, *beta, *scale);
     let (mut ka, mut qa) = ([0f32; B], [0f32; B]);
@@ -123,6 +128,9 @@ fn columns<const B: usize>(t: &mut Token<'_, '_>, c0: usize) -> usize {
     }
     u[c0..c0 + B].copy_from_slice(&ub);
     for (r, &kr) in k.iter().enumerate() {
+        if let Some((base, stride)) = *next {
+            prefetch_row(base.wrapping_add(r * stride + c0), B);
+        }
         let row = &mut state[r][c0..c0 + B];
         match src {
             Some(src) => {
@@ -138,6 +146,22 @@ fn columns<const B: usize>(t: &mut Token<'_, '_>, c0: usize) -> usize {
         }
     }
     B
+}
+
+/// Asks for the cache lines of `len` floats from `p` (a hint: no access, no fault).
+#[inline(always)]
+fn prefetch_row(p: *const f32, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for i in (0..len).step_by(16) {
+        // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                p.wrapping_add(i) as *const i8
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
 }
 
 /// The gated delta rule token by token, updating `state` in place (`[N, HV, K, V]`, or
@@ -210,6 +234,7 @@ pub fn recurrent(
                         scale,
                         u: &mut u,
                         o: o_row,
+                        next: None,
                     });
                 }
             }
