@@ -29,7 +29,10 @@ static void launch(bool vfirst, const DecodeParams& P, int warps, int grid) {
         for (int tid = 0; tid < 32 * warps; ++tid)
             th.emplace_back([&, tid, b] {
                 threadIdx.x = tid; blockIdx.x = b; my_warp = &ws[tid / 32]; my_lane = tid % 32;
-                if (vfirst) decode_vk(P); else decode_kv(P);
+                // K = V = 128: every other launch takes the kernel with those sizes as constants.
+                if (vfirst) decode_vk(P);
+                else if (P.dk == 128 && P.dv == 128 && (b + P.n) % 2 == 0) decode_kv_k128_v128(P);
+                else decode_kv(P);
             });
         for (auto& t : th) t.join();
     }
@@ -45,7 +48,8 @@ int main(int argc, char** argv) {
     for (int c = 0; c < count; ++c) {
         const bool vfirst = c % 2;
         const int dk = dks[(c / 2) % 5];
-        const int dv = 4 * (1 + rng() % 40);
+        // K = V = 128 in some K-major cases: the kernel with those sizes as constants.
+        const int dv = dk == 128 && c % 4 == 0 ? 128 : 4 * (1 + rng() % 40);
         const int n = 1 + rng() % 4, t = 1 + rng() % 4, h = 1 + rng() % 2, hv = h * (1 + rng() % 2);
         const bool l2 = rng() % 2, logits = rng() % 2, neg = logits && rng() % 2, gate = rng() % 2, tiled = rng() % 2;
         const int qkv_dt = rng() % 3, g_dt = rng() % 2, beta_dt = rng() % 3, out_dt = (c % 7 == 3) ? 1 : 0;

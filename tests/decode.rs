@@ -595,7 +595,7 @@ fn decode_kernel_compiles_with_nvrtc_and_moves_16_byte_vectors() {
     }
     for arch in ["sm_90", "sm_80"] {
         let ptx = deltanet::cuda::decode::ptx(arch).unwrap();
-        for f in ["decode_kv", "decode_vk"] {
+        for f in ["decode_kv", "decode_vk", "decode_kv_k128_v128"] {
             assert!(ptx.contains(&format!(".entry {f}")), "{arch}: no {f}");
         }
         assert!(

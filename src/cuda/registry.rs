@@ -173,11 +173,13 @@ pub enum Kernel {
     DecodeKv,
     /// The decode step with V-major states.
     DecodeVk,
+    /// The decode step with K-major states, K = V = 128 as compile-time constants.
+    DecodeKv128,
 }
 
 impl Kernel {
     /// Every kernel of the backend.
-    pub const ALL: [Kernel; 14] = [
+    pub const ALL: [Kernel; 15] = [
         Kernel::Widen,
         Kernel::Narrow,
         Kernel::L2norm,
@@ -192,6 +194,7 @@ impl Kernel {
         Kernel::RecurrentVk,
         Kernel::DecodeKv,
         Kernel::DecodeVk,
+        Kernel::DecodeKv128,
     ];
 
     /// The source the kernel is defined in.
@@ -207,7 +210,7 @@ impl Kernel {
             Kernel::ChunkState => Source::ChunkState,
             Kernel::ChunkOutput => Source::ChunkOutput,
             Kernel::RecurrentKv | Kernel::RecurrentVk => Source::Recurrent,
-            Kernel::DecodeKv | Kernel::DecodeVk => Source::Decode,
+            Kernel::DecodeKv | Kernel::DecodeVk | Kernel::DecodeKv128 => Source::Decode,
         }
     }
 
@@ -228,6 +231,7 @@ impl Kernel {
             Kernel::RecurrentVk => "recurrent_vk",
             Kernel::DecodeKv => "decode_kv",
             Kernel::DecodeVk => "decode_vk",
+            Kernel::DecodeKv128 => "decode_kv_k128_v128",
         }
     }
 

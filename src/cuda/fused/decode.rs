@@ -80,6 +80,13 @@ fn cache_hints() -> i32 {
     }
 }
 
+/// Whether K = V = 128 steps take `decode_kv_k128_v128` (the head sizes as compile-time
+/// constants: a third fewer instructions in its SASS, 168 registers, no spills); opt-in with
+/// `DELTANET_DECODE_CONST=1` until measured on a GPU (NOTES-DECODE.md).
+fn const_dims() -> bool {
+    std::env::var("DELTANET_DECODE_CONST").is_ok_and(|v| v == "1")
+}
+
 /// The size the kernel's `static_assert` checks.
 pub(crate) const PARAMS_BYTES: usize = 224;
 const _: () = assert!(std::mem::size_of::<Params>() == PARAMS_BYTES);
@@ -355,6 +362,8 @@ pub unsafe fn decode_raw(
     };
     let kernel = if opts.state_v_first {
         Kernel::DecodeVk
+    } else if s.dk == 128 && s.dv == 128 && const_dims() {
+        Kernel::DecodeKv128
     } else {
         Kernel::DecodeKv
     };

@@ -178,19 +178,21 @@ __device__ __forceinline__ void store_state(float* base, const float (&s)[ROWS][
     }
 }
 
-template <bool VFIRST>
+// CDK, CDV: K and V as compile-time constants (0: read from P), so that the 16 vector offsets of
+// a lane are immediates from one pointer instead of 16 live 64-bit addresses.
+template <bool VFIRST, int CDK = 0, int CDV = 0>
 __device__ __forceinline__ void decode_warp(const DecodeParams& P, float* smem) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int warps = blockDim.x >> 5;
-    const int dk = (int)P.dk;
+    const int dk = CDK ? CDK : (int)P.dk;
     const int span = dk / ROWS;    // lanes sharing one column block: RG or KL
     const int groups = 32 / span;  // column blocks per warp: CG or CL
     const int vt = COLS * groups;  // state columns per warp
     // Lane coordinates: `part` indexes the rows within the span, `grp` the column block.
     const int part = VFIRST ? lane % span : lane / groups;
     const int grp = VFIRST ? lane / span : lane % groups;
-    const i64 dv = P.dv, hv = P.hv, T = P.t;
+    const i64 dv = CDV ? CDV : P.dv, hv = P.hv, T = P.t;
     const i64 tiles = (dv + vt - 1) / vt;
     const i64 items = P.n * hv * tiles;
     const i64 state_len = (i64)dk * dv;
@@ -367,4 +369,11 @@ extern "C" __global__ void __launch_bounds__(128) decode_kv(const DecodeParams P
 extern "C" __global__ void __launch_bounds__(128) decode_vk(const DecodeParams P) {
     extern __shared__ float smem[];
     decode_warp<true>(P, smem);
+}
+
+// K = V = 128 (Qwen3-Next, Qwen3.5) with the head sizes as constants (see decode_warp). Held to
+// three blocks a SM (168 registers; unbounded it takes 254, and at four blocks it spills 56 bytes).
+extern "C" __global__ void __launch_bounds__(128, 3) decode_kv_k128_v128(const DecodeParams P) {
+    extern __shared__ float smem[];
+    decode_warp<false, 128, 128>(P, smem);
 }
