@@ -16,5 +16,5 @@ done
 cp target/release/deltanet $D/
 cp target/release/examples/engine $D/engine_example
 strip $D/*_test $D/deltanet $D/engine_example
-cp dev/device/call*.sh $D/
+cp dev/device/call*.sh dev/device/lib.sh $D/
 du -sh $D

@@ -1,0 +1,16 @@
+# Helpers the device call scripts source (after setting R, the results folder under $OUT, and
+# TAG, the archive's name): pack the results after each part, run a check with a time limit,
+# time the prefill or the decode with `deltanet bench`.
+pack() { tar czf "$OUT/$TAG.tgz" -C "$OUT" "$TAG"; }
+# run NAME SECONDS COMMAND...: output in $R/NAME.txt with its exit status; the summary lines shown.
+run() {
+  local name=$1; shift
+  echo "== $name: $*"
+  ( time timeout "$@" ) > "$R/$name.txt" 2>&1
+  echo "rc=$?" >> "$R/$name.txt"
+  grep -E "median|test result|passed|failed|ERROR SUMMARY|RACECHECK SUMMARY|^rc=|worst|panicked|poisoned" "$R/$name.txt" | tail -4
+}
+# pb LABEL ARGS...: one prefill bench line, labelled.
+pb() { local tag=$1; shift; timeout 40 ./deltanet bench --device cuda --work prefill --dtype bf16 --warmup 2 "$@" 2>&1 | grep -E "^prefill" | sed "s/^/$tag /"; }
+# db ARGS...: the decode bench's lines (single launches, back to back, the device copy).
+db() { timeout 25 ./deltanet bench --device cuda --work decode --dtype bf16 --warmup 30 --repeats 1000 "$@" 2>&1 | grep -E "^decode|^d2d"; }
