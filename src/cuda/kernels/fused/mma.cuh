@@ -150,16 +150,23 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 // Copies rows [0, 64) x `cols` elements of a row-major global matrix (row i at src + i *
 // src_stride, 16-byte aligned) into shared rows of `dst_stride` elements; rows >= len are zero.
+// This thread (`tid` of `nt` copying threads) takes pieces tid, tid + nt, ... of 16 bytes.
 template <typename T, int cols>
-__device__ __forceinline__ void stage_rows(T* dst, int dst_stride, const T* src, i64 src_stride,
-                                           int len) {
+__device__ __forceinline__ void stage_rows_loop(T* dst, int dst_stride, const T* src, i64 src_stride,
+                                                int len, int tid, int nt) {
     constexpr int per_row = cols * (int)sizeof(T) / 16;
-    for (int e = threadIdx.x; e < 64 * per_row; e += blockDim.x) {
+    for (int e = tid; e < 64 * per_row; e += nt) {
         const int i = e / per_row, piece = e % per_row;
         const int off = piece * (16 / (int)sizeof(T));
         const bool valid = i < len;
         cp_async16(dst + i * dst_stride + off, valid ? src + i * src_stride + off : src, valid);
     }
+}
+// stage_rows_loop by every thread of the block.
+template <typename T, int cols>
+__device__ __forceinline__ void stage_rows(T* dst, int dst_stride, const T* src, i64 src_stride,
+                                           int len) {
+    stage_rows_loop<T, cols>(dst, dst_stride, src, src_stride, len, threadIdx.x, blockDim.x);
 }
 
 // stage_rows by NT copying threads known at compile time, this one `tid` (0 <= tid < NT): where
@@ -185,12 +192,7 @@ __device__ __forceinline__ void stage_rows_by(T* dst, int dst_stride, const T* s
             s += s_step;
         }
     } else {
-        for (int e = tid; e < 64 * per_row; e += NT) {
-            const int i = e / per_row, piece = e % per_row;
-            const int off = piece * (16 / (int)sizeof(T));
-            const bool valid = i < len;
-            cp_async16(dst + i * dst_stride + off, valid ? src + i * src_stride + off : src, valid);
-        }
+        stage_rows_loop<T, cols>(dst, dst_stride, src, src_stride, len, tid, NT);
     }
 }
 
