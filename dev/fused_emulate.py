@@ -1,7 +1,7 @@
 """Runs the fused prefill kernels' CUDA source on the CPU: chunk_intra and chunk_recurrent_regs
 (plain and split) compiled by g++ with a host shim (threads as lanes; barriers for
 __syncthreads, named barriers and the warp-collective operations; mma.sync, ldmatrix and cp.async
-written out), driven by fused_emulate_driver.cpp against a float64 recurrence. No GPU needed:
+written out, each cp.async landing only at the wait that covers its group), driven by fused_emulate_driver.cpp against a float64 recurrence. No GPU needed:
     python3 dev/fused_emulate.py [cases]   (12 by default; needs g++ with C++20)
 A kernel change can so be checked before device time is spent on it (it is slow: small shapes)."""
 import os
@@ -26,8 +26,8 @@ def replace_asm(src):
         ("ldmatrix.sync.aligned.m8n8.x4.shared", "emu_ldsm(r, a, false);"),
         ("cvta.to.shared.u64", "s = emu_smem_addr(dst);"),
         ("cp.async.cg.shared.global", "emu_cp_async16((unsigned)s, src, valid);"),
-        ("cp.async.commit_group", ";"),
-        ("cp.async.wait_group", ";"),
+        ("cp.async.commit_group", "emu_cp_commit();"),
+        ("cp.async.wait_group", "emu_cp_wait(n);"),
         ("cvt.rn.bf16x2.f32", "r = emu_pack_bf16x2(hi, lo);"),
         ("cvt.f32.f16", "f = emu_f16_to_f32(x);"),
         ("cvt.rn.bf16.f32", "r = emu_f32_to_bf16(x);"),

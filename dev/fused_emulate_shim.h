@@ -104,9 +104,33 @@ static unsigned long long emu_smem_addr(const void* p) {
     return (unsigned long long)((const unsigned char*)p - emu_smem_buf.data());
 }
 static unsigned long long __cvta_generic_to_shared(const void* p) { return emu_smem_addr(p); }
+// cp.async as on the GPU, as far as order goes: a copy lands no earlier than the wait that
+// covers its group (cp.async.wait_group N: all but the N newest committed groups), so shared
+// memory read before that wait, or by another thread before a barrier after it, still holds
+// the poison or the previous chunk's rows, and the comparison fails.
+struct EmuCopy {
+    unsigned s;
+    const void* src;
+    bool valid;
+    long group;
+};
+static thread_local std::vector<EmuCopy> emu_copies;
+static thread_local long emu_groups;  // groups committed by this thread so far
 static void emu_cp_async16(unsigned s, const void* src, bool valid) {
-    if (valid) memcpy(emu_smem_buf.data() + s, src, 16);
-    else memset(emu_smem_buf.data() + s, 0, 16);
+    emu_copies.push_back({s, src, valid, emu_groups});
+}
+static void emu_cp_commit() { ++emu_groups; }
+static void emu_cp_wait(int n) {
+    std::vector<EmuCopy> later;
+    for (const EmuCopy& c : emu_copies) {
+        if (c.group < emu_groups - n) {
+            if (c.valid) memcpy(emu_smem_buf.data() + c.s, c.src, 16);
+            else memset(emu_smem_buf.data() + c.s, 0, 16);
+        } else {
+            later.push_back(c);
+        }
+    }
+    emu_copies.swap(later);
 }
 // Conversions (round to nearest even, as cvt.rn).
 static unsigned short emu_f32_to_bf16(float x) {
