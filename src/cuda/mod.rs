@@ -93,6 +93,17 @@ impl std::fmt::Debug for CudaDevice {
 }
 
 /// Wraps a driver error with what was being done.
+/// The kernels' code for an element type (the fused kernels' IN_T and OUT_T, the decode
+/// kernel's dtype fields): 0 f32, 1 bf16, 2 f16.
+pub(crate) fn dtype_code(d: crate::dtype::DType) -> i32 {
+    use crate::dtype::DType;
+    match d {
+        DType::F32 => 0,
+        DType::BF16 => 1,
+        DType::F16 => 2,
+    }
+}
+
 pub(crate) fn cuda_err(context: impl Into<String>) -> impl FnOnce(DriverError) -> Error {
     let context = context.into();
     move |e| Error::Cuda {

@@ -16,7 +16,7 @@
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::cuda::registry::Kernel;
-use crate::cuda::{cuda_err, CudaDevice};
+use crate::cuda::{cuda_err, dtype_code, CudaDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::options::{HeadMap, Options};
@@ -92,14 +92,6 @@ pub(crate) const PARAMS_BYTES: usize = 224;
 const _: () = assert!(std::mem::size_of::<Params>() == PARAMS_BYTES);
 // SAFETY: plain old data, laid out as the kernel's struct.
 unsafe impl DeviceRepr for Params {}
-
-fn dtype_code(d: DType) -> i32 {
-    match d {
-        DType::F32 => 0,
-        DType::BF16 => 1,
-        DType::F16 => 2,
-    }
-}
 
 /// The sizes of one decode step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

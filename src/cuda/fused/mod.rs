@@ -28,7 +28,7 @@ use cudarc::driver::{CudaFunction, DevicePtr, DeviceRepr, LaunchConfig, PushKern
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use super::registry::{lock, nvrtc_available};
-use super::{cuda_err, Buf, CudaDevice};
+use super::{cuda_err, dtype_code, Buf, CudaDevice};
 use crate::backend::StageInputs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -129,15 +129,6 @@ pub struct Config {
     /// With `split`: every warp stages the chunk's rows (`STAGE_ALL`), not the output warps
     /// alone.
     pub stage_all: bool,
-}
-
-/// The kernels' code for an element type (IN_T, OUT_T).
-fn dtype_code(d: DType) -> i32 {
-    match d {
-        DType::F32 => 0,
-        DType::BF16 => 1,
-        DType::F16 => 2,
-    }
 }
 
 impl Config {
