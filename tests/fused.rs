@@ -99,13 +99,6 @@ fn tunings() -> Vec<fused::Tuning> {
             vt: Some(32),
             ..Tuning::default()
         },
-        Tuning {
-            regs: Some(true),
-            split: Some(true),
-            stage_all: Some(true),
-            vt: Some(32),
-            ..Tuning::default()
-        },
     ]
 }
 

@@ -81,10 +81,11 @@ fn cache_hints() -> i32 {
 }
 
 /// Whether K = V = 128 steps take `decode_kv_k128_v128` (the head sizes as compile-time
-/// constants: a third fewer instructions in its SASS, 168 registers, no spills); opt-in with
-/// `DELTANET_DECODE_CONST=1` until measured on a GPU (NOTES-DECODE.md).
+/// constants: a third fewer instructions in its SASS, 168 registers, no spills). Measured on an
+/// H200 (NOTES-DECODE.md, call AD): N=256 0.304 -> 0.288 ms, N=1 0.011 -> 0.009, N=64 T=4 0.155
+/// -> 0.139; so the default, `DELTANET_DECODE_CONST=0` takes the generic kernel.
 fn const_dims() -> bool {
-    std::env::var("DELTANET_DECODE_CONST").is_ok_and(|v| v == "1")
+    std::env::var("DELTANET_DECODE_CONST").map_or(true, |v| v != "0")
 }
 
 /// The size the kernel's `static_assert` checks.

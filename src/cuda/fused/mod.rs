@@ -126,9 +126,6 @@ pub struct Config {
     pub out: DType,
     /// With `split`: two state warps per 16 columns, each over half of K (`KSPLIT = 2`).
     pub ksplit: bool,
-    /// With `split`: every warp stages the chunk's rows (`STAGE_ALL`), not the output warps
-    /// alone.
-    pub stage_all: bool,
 }
 
 impl Config {
@@ -137,7 +134,7 @@ impl Config {
         format!(
             "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
              #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n\
-             #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n#define STAGE_ALL {}\n",
+             #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -151,7 +148,6 @@ impl Config {
             i32::from(self.split),
             dtype_code(self.out),
             if self.ksplit { 2 } else { 1 },
-            i32::from(self.stage_all)
         )
     }
 
@@ -277,7 +273,6 @@ pub fn standard_configs() -> Vec<Config> {
         split: false,
         out: DType::F32,
         ksplit: false,
-        stage_all: false,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -321,13 +316,6 @@ pub fn standard_configs() -> Vec<Config> {
         regs: true,
         split: true,
         ksplit: true,
-        ..config(128, 128, 32, DType::BF16, 2, false)
-    });
-    v.push(Config {
-        regs: true,
-        split: true,
-        ksplit: true,
-        stage_all: true,
         ..config(128, 128, 32, DType::BF16, 2, false)
     });
     v
@@ -404,16 +392,12 @@ pub struct Tuning {
     /// With the split kernel, two state warps per 16 columns over halves of K; by default on
     /// with three pieces (the exact precision) where K is a multiple of 32.
     pub ksplit: Option<bool>,
-    /// With the split kernel, every warp stages the chunk's rows (by default the output warps
-    /// alone; not measured yet).
-    pub stage_all: Option<bool>,
 }
 
 impl Tuning {
     /// From the environment: `DELTANET_FUSED_VT`, `DELTANET_FUSED_NBUF`,
     /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`, `DELTANET_FUSED_REGS=0|1`,
-    /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`,
-    /// `DELTANET_FUSED_STAGE_ALL=0|1`.
+    /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -432,7 +416,6 @@ impl Tuning {
             pieces: num("DELTANET_FUSED_PIECES"),
             split: flag("DELTANET_FUSED_SPLIT"),
             ksplit: flag("DELTANET_FUSED_KSPLIT"),
-            stage_all: flag("DELTANET_FUSED_STAGE_ALL"),
         }
     }
 }
@@ -474,7 +457,6 @@ fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &
         split: false,
         out: DType::F32,
         ksplit: false,
-        stage_all: false,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -557,7 +539,6 @@ fn regs_config(
         split,
         out: DType::F32,
         ksplit,
-        stage_all: split && tuning.stage_all == Some(true),
     };
     let max = dev.max_shared_per_block();
     if cfg.shared_bytes(Kernel::ChunkRecurrentRegs) > max {

@@ -121,7 +121,7 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
     for cfg in standard_configs() {
         for kernel in cfg.kernels() {
             let name = format!(
-                "fused_{}_k{}_v{}_vt{}_{}{}{}{}{}{}",
+                "fused_{}_k{}_v{}_vt{}_{}{}{}{}{}",
                 kernel.name(),
                 cfg.dk,
                 cfg.dv,
@@ -138,7 +138,6 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
                     (true, false) => "_split",
                     _ => "",
                 },
-                if cfg.stage_all { "_stageall" } else { "" },
                 if cfg.out == DType::F32 {
                     String::new()
                 } else {

@@ -47,14 +47,9 @@
 #endif
 #define GROUPS (VT / 16)  // 16-column groups, each with its state warps (and an output warp)
 #define THREADS (GROUPS * 32 * (KSPLIT + SPLIT_OUT))
-// STAGE_ALL = 1 (with SPLIT_OUT): every warp stages the chunk's rows. By default the output warps
-// alone do, off the state chain; with the K split the state warps have the shorter chain, and
-// sharing the copies among all warps balances the two.
-#ifndef STAGE_ALL
-#define STAGE_ALL 0
-#endif
-#define OUT_STAGES (SPLIT_OUT && !STAGE_ALL)  // the output warps alone stage
-#define STAGERS (OUT_STAGES ? GROUPS * 32 : THREADS)  // threads that stage a chunk's rows
+// With SPLIT_OUT the output warps alone stage the chunk's rows, off the state chain (every warp
+// staging measured no faster for exact and 13 % slower for fast: NOTES-GPU.md, call AD).
+#define STAGERS (SPLIT_OUT ? GROUPS * 32 : THREADS)  // threads that stage a chunk's rows
 #define C 64
 #define SK (DK + 8)      // K and Q rows (bf16): consecutive rows 4 banks apart, so the 8 rows of
                          // an ldmatrix hit distinct banks
@@ -210,11 +205,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         const i64 kh = qk_head(j, P.h, hv, P.tiled);
         const i64 c0 = tile * VT;
         // Queues chunk ci's rows into stage buffer b (rows past the chunk's end are zero).
-        // With SPLIT_OUT the output warps stage the rows (unless STAGE_ALL): the copies stay off
+        // With SPLIT_OUT the output warps stage the rows: the copies stay off
         // the state chain.
         auto issue = [&](i64 ci, int b) {
-            if (OUT_STAGES && state_warp) return;
-            const int tid = threadIdx.x - (OUT_STAGES ? KSPLIT * GROUPS * 32 : 0);
+            if (SPLIT_OUT && state_warp) return;
+            const int tid = threadIdx.x - (SPLIT_OUT ? KSPLIT * GROUPS * 32 : 0);
             const Stage st = stage_at(smem_raw + b * stage_bytes());
             const i64 start = chunk_start[ci];
             const int len = (int)chunk_len[ci];
