@@ -17,8 +17,10 @@
 //! (4) its forward with those initial states. Outputs stay where their tokens are; the final
 //! state of a sequence lands on the rank holding its end.
 //!
-//! The exchange is the [`Exchange`] trait: [`InProcess`] runs the ranks as threads of one
-//! process over any device (how the stitching is tested without several GPUs).
+//! The exchange is the [`Exchange`] trait with two implementations: [`InProcess`] runs the ranks
+//! as threads of one process over any device (how the stitching is tested without several GPUs),
+//! and [`crate::cuda::nccl::Nccl`] all-gathers the summaries between GPUs through NCCL
+//! ([`forward_ranks_nccl`]).
 
 use std::ops::Range;
 use std::sync::{Barrier, Mutex};
@@ -394,6 +396,46 @@ pub fn forward_ranks_on(
     opts: &Options,
     cuts: &[usize],
 ) -> Result<Vec<RankOutput>> {
+    forward_ranks_with(devices, x, opts, cuts, &InProcess::new(cuts.len().saturating_sub(1)))
+}
+
+/// [`forward_ranks_on`] with the summaries exchanged through NCCL ([`crate::cuda::nccl::Nccl`]):
+/// one process, a thread per rank, rank r on GPU `devices[r]` (as many distinct GPUs as ranks).
+/// The exchange goes through the GPUs as it would between processes, so this is how the NCCL
+/// path is run and tested on one machine.
+pub fn forward_ranks_nccl(
+    devices: &[Device],
+    x: &Inputs<'_>,
+    opts: &Options,
+    cuts: &[usize],
+) -> Result<Vec<RankOutput>> {
+    let ranks = cuts.len().saturating_sub(1);
+    if devices.len() != ranks {
+        return Err(Error::invalid(
+            "devices",
+            format!("one GPU per rank ({ranks})"),
+            devices.len().to_string(),
+        ));
+    }
+    let gpus = devices
+        .iter()
+        .map(|d| match d {
+            Device::Cuda(g) => Ok(g.clone()),
+            Device::Cpu => Err(Error::invalid("devices", "GPUs for NCCL", "the CPU")),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let ex = crate::cuda::nccl::Nccl::new(&gpus)?;
+    forward_ranks_with(devices, x, opts, cuts, &ex)
+}
+
+/// [`forward_ranks_on`] over any [`Exchange`] of `cuts.len() - 1` ranks.
+pub fn forward_ranks_with(
+    devices: &[Device],
+    x: &Inputs<'_>,
+    opts: &Options,
+    cuts: &[usize],
+    ex: &dyn Exchange,
+) -> Result<Vec<RankOutput>> {
     if devices.is_empty() {
         return Err(Error::invalid("devices", "at least one device", "none"));
     }
@@ -422,7 +464,13 @@ pub fn forward_ranks_on(
     crate::problem::Problem::from_inputs(x, opts)?;
     let cu = x.cu_seqlens.clone().unwrap_or(vec![0, t as i64]);
     let ranks = cuts.len() - 1;
-    let ex = InProcess::new(ranks);
+    if ex.ranks() != ranks {
+        return Err(Error::invalid(
+            "exchange",
+            format!("{ranks} ranks (the cuts)"),
+            ex.ranks().to_string(),
+        ));
+    }
     let shards: Vec<Inputs<'_>> = (0..ranks)
         .map(|r| {
             let rows = cuts[r]..cuts[r + 1];
@@ -442,7 +490,7 @@ pub fn forward_ranks_on(
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..ranks)
             .map(|r| {
-                let (shard, cu, ex) = (&shards[r], &cu, &ex);
+                let (shard, cu) = (&shards[r], &cu);
                 let device = &devices[r % devices.len()];
                 s.spawn(move || forward_rank(device, shard, cu, cuts[r]..cuts[r + 1], opts, r, ex))
             })

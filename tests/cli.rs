@@ -1426,6 +1426,14 @@ fn bench_ranks_times_the_split_prefill() {
             "--work prefill",
         ),
         ("bench --shape 1,300,2,4,16,8 --ranks 1", "--ranks"),
+        (
+            "bench --device cpu --shape 1,300,2,4,16,8 --ranks 2 --exchange nccl",
+            "--exchange nccl",
+        ),
+        (
+            "bench --shape 1,300,2,4,16,8 --ranks 2 --exchange mpi",
+            "--exchange",
+        ),
     ] {
         let o = deltanet(&args.split(' ').collect::<Vec<_>>());
         assert_eq!(o.status.code(), Some(2), "{args}: {}", stderr(&o));

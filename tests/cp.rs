@@ -3,10 +3,10 @@
 //! problems (varlen with empty sequences, sequences spanning several ranks, empty ranks, every
 //! option). On the CPU here; the same code runs on any device.
 
-use deltanet::cp::forward_ranks;
+use deltanet::cp::{forward_ranks, forward_ranks_nccl, Exchange, RankOutput};
 use deltanet::reference::rel_l2;
 use deltanet::selftest::{Rng, Spec};
-use deltanet::{forward, Device};
+use deltanet::{forward, Device, Inputs, Output};
 
 #[test]
 fn ranks_equal_the_plain_forward_on_random_problems() {
@@ -26,35 +26,7 @@ fn ranks_equal_the_plain_forward_on_random_problems() {
         let want = forward(&Device::Cpu, x, opts).unwrap();
         let got = forward_ranks(&Device::Cpu, x, opts, &cuts).unwrap();
         let what = format!("case {case} {} cuts {cuts:?}", c.name);
-
-        let mut o = Vec::new();
-        for (r, out) in got.iter().enumerate() {
-            assert_eq!(out.tokens, cuts[r]..cuts[r + 1], "{what}");
-            o.extend_from_slice(&out.o.to_f32());
-        }
-        let want_o: Vec<f64> = want.o.to_f32().iter().map(|&v| v as f64).collect();
-        let e_o = rel_l2(&o, &want_o);
-        assert!(e_o <= 1e-5, "{what}: o {e_o:.2e}");
-
-        let want_f = want.final_state.unwrap().to_f32().into_owned();
-        let n = x.cu_seqlens.as_ref().map_or(1, |c| c.len() - 1);
-        let per = want_f.len() / n;
-        let mut f = vec![f32::NAN; want_f.len()];
-        let mut seen = vec![0; n];
-        for out in &got {
-            let states = out.final_state.as_ref().unwrap().to_f32();
-            for (i, &s) in out.final_seqs.iter().enumerate() {
-                seen[s] += 1;
-                f[s * per..][..per].copy_from_slice(&states[i * per..][..per]);
-            }
-        }
-        assert!(
-            seen.iter().all(|&k| k == 1),
-            "{what}: final states per sequence {seen:?}"
-        );
-        let want_f: Vec<f64> = want_f.iter().map(|&v| v as f64).collect();
-        let e_f = rel_l2(&f, &want_f);
-        assert!(e_f <= 1e-5, "{what}: final state {e_f:.2e}");
+        let (e_o, e_f) = ranks_error(&what, x, &cuts, &got, &want);
         worst_o = worst_o.max(e_o);
         worst_f = worst_f.max(e_f);
         let cu = x.cu_seqlens.clone().unwrap_or(vec![0, t as i64]);
@@ -68,6 +40,106 @@ fn ranks_equal_the_plain_forward_on_random_problems() {
          sequence split between ranks"
     );
     assert!(spanning > 30, "only {spanning} problems split a sequence");
+}
+
+/// Relative L2 errors of the ranks' `o` (in token order) and final states (gathered by
+/// sequence) against the plain forward's, after checking each rank's tokens and that every
+/// sequence's final state is on exactly one rank; asserts both within 1e-5.
+fn ranks_error(
+    what: &str,
+    x: &Inputs<'_>,
+    cuts: &[usize],
+    got: &[RankOutput],
+    want: &Output,
+) -> (f64, f64) {
+    let mut o = Vec::new();
+    for (r, out) in got.iter().enumerate() {
+        assert_eq!(out.tokens, cuts[r]..cuts[r + 1], "{what}");
+        o.extend_from_slice(&out.o.to_f32());
+    }
+    let want_o: Vec<f64> = want.o.to_f32().iter().map(|&v| v as f64).collect();
+    let e_o = rel_l2(&o, &want_o);
+    assert!(e_o <= 1e-5, "{what}: o {e_o:.2e}");
+
+    let want_f = want.final_state.as_ref().unwrap().to_f32().into_owned();
+    let n = x.cu_seqlens.as_ref().map_or(1, |c| c.len() - 1);
+    let per = want_f.len() / n;
+    let mut f = vec![f32::NAN; want_f.len()];
+    let mut seen = vec![0; n];
+    for out in got {
+        let states = out.final_state.as_ref().unwrap().to_f32();
+        for (i, &s) in out.final_seqs.iter().enumerate() {
+            seen[s] += 1;
+            f[s * per..][..per].copy_from_slice(&states[i * per..][..per]);
+        }
+    }
+    assert!(
+        seen.iter().all(|&k| k == 1),
+        "{what}: final states per sequence {seen:?}"
+    );
+    let want_f: Vec<f64> = want_f.iter().map(|&v| v as f64).collect();
+    let e_f = rel_l2(&f, &want_f);
+    assert!(e_f <= 1e-5, "{what}: final state {e_f:.2e}");
+    (e_o, e_f)
+}
+
+/// The NCCL exchange on this machine's GPUs, one rank each: its all-gather returns every rank's
+/// buffer of its own length, and ranks over it give the plain forward's outputs and final states
+/// on random problems (one rank where there is one GPU). Skipped without a GPU or libnccl.
+#[test]
+fn nccl_ranks_equal_the_plain_forward_on_the_gpus() {
+    let gpus: Vec<Device> = (0..8).map_while(|i| Device::cuda(i).ok()).collect();
+    if gpus.is_empty() {
+        eprintln!("SKIPPED: nccl_ranks_equal_the_plain_forward_on_the_gpus (no GPU)");
+        return;
+    }
+    let cuda: Vec<_> = gpus
+        .iter()
+        .map(|d| match d {
+            Device::Cuda(g) => g.clone(),
+            Device::Cpu => unreachable!(),
+        })
+        .collect();
+    let ex = match deltanet::cuda::nccl::Nccl::new(&cuda) {
+        Ok(ex) => ex,
+        Err(deltanet::Error::CudaUnavailable(m)) => {
+            eprintln!("SKIPPED: nccl_ranks_equal_the_plain_forward_on_the_gpus ({m})");
+            return;
+        }
+        Err(e) => panic!("NCCL setup: {e}"),
+    };
+    let ranks = gpus.len();
+    let gathered: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+        let ex = &ex;
+        let hs: Vec<_> = (0..ranks)
+            .map(|r| s.spawn(move || ex.all_gather(r, vec![r as f32 + 0.5; 3 + r]).unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, all) in gathered.iter().enumerate() {
+        let want: Vec<Vec<f32>> = (0..ranks).map(|i| vec![i as f32 + 0.5; 3 + i]).collect();
+        assert_eq!(all, &want, "rank {r}'s all-gather");
+    }
+    drop(ex);
+    let mut rng = Rng::new(0x5eed);
+    let mut worst = 0f64;
+    for case in 0..6 {
+        let mut spec = Spec::random(&mut rng);
+        spec.b = 1;
+        let c = spec.build().unwrap();
+        let (x, opts) = (&c.inputs, &c.opts);
+        let t = x.q.shape()[1];
+        let mut cuts: Vec<usize> = (0..ranks - 1).map(|_| rng.int(0, t)).collect();
+        cuts.push(0);
+        cuts.push(t);
+        cuts.sort_unstable();
+        let want = forward(&gpus[0], x, opts).unwrap();
+        let got = forward_ranks_nccl(&gpus, x, opts, &cuts).unwrap();
+        let what = format!("case {case} {} cuts {cuts:?}", c.name);
+        let (e_o, e_f) = ranks_error(&what, x, &cuts, &got, &want);
+        worst = worst.max(e_o).max(e_f);
+    }
+    eprintln!("NCCL on {ranks} GPU(s): 6 problems, worst relative L2 {worst:.2e}");
 }
 
 #[test]

@@ -18,6 +18,7 @@ mod backend;
 pub mod decode;
 pub mod engine;
 pub mod fused;
+pub mod nccl;
 pub mod registry;
 pub(crate) mod stages;
 
@@ -229,6 +230,11 @@ impl CudaDevice {
     /// `cuda:0 NVIDIA H200 (sm_90)`.
     pub fn name(&self) -> String {
         format!("cuda:{} {} ({})", self.ordinal, self.gpu_name, self.arch)
+    }
+
+    /// The GPU's ordinal (`cuda:N`).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
     }
 
     /// The architecture kernels are compiled for (`sm_90`).

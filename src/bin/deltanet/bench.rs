@@ -93,6 +93,11 @@ pub struct Args {
     /// way; prints the speed-up and the exchange's share.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..=64))]
     ranks: Option<u64>,
+    /// How the ranks of --ranks trade their summaries: `host` (host memory, the ranks' threads
+    /// sharing it) or `nccl` (NCCL all-gathers between the GPUs, as between processes; one GPU
+    /// per rank, --device cuda; libnccl.so loaded at run time).
+    #[arg(long, default_value = "host", value_parser = ["host", "nccl"])]
+    exchange: String,
 }
 
 /// The sequence offsets of `n` sequences sharing `t` tokens by the anchors' rule (see
@@ -243,6 +248,11 @@ pub fn main(a: Args) -> CmdResult {
     if a.ranks.is_some() && !matches!(a.work, Work::Prefill | Work::All) {
         return Err(Failure::usage(
             "--ranks: expected --work prefill or all (the ranks split the prefill)",
+        ));
+    }
+    if a.exchange == "nccl" && (a.ranks.is_none() || !a.device.starts_with("cuda")) {
+        return Err(Failure::usage(
+            "--exchange nccl: expected --ranks N and --device cuda (one GPU per rank)",
         ));
     }
     let device = open_device(&a.device)?;
@@ -552,13 +562,35 @@ fn bench_ranks(
     let p = Problem::from_inputs(&x, opts)?;
     let cuts: Vec<usize> = (0..=n).map(|r| r * t / n).collect();
     let (mut one, mut many, mut exchange) = (Vec::new(), Vec::new(), Vec::new());
+    // The NCCL communicators are made once, as an engine would.
+    let nccl = if a.exchange == "nccl" {
+        let gpus = devices
+            .iter()
+            .filter_map(|d| match d {
+                Device::Cuda(g) => Some(g.clone()),
+                Device::Cpu => None,
+            })
+            .collect::<Vec<_>>();
+        if gpus.len() != n {
+            return Err(Failure::usage(format!(
+                "--exchange nccl: expected {n} GPUs (one per rank), found {}",
+                gpus.len()
+            )));
+        }
+        Some(deltanet::cuda::nccl::Nccl::new(&gpus)?)
+    } else {
+        None
+    };
     bar.set_message("ranks");
     for i in 0..a.warmup + a.repeats {
         let start = std::time::Instant::now();
         deltanet::forward(&devices[0], &x, opts)?;
         let t1 = start.elapsed().as_secs_f64() * 1e3;
         let start = std::time::Instant::now();
-        let outs = deltanet::cp::forward_ranks_on(devices, &x, opts, &cuts)?;
+        let outs = match &nccl {
+            Some(ex) => deltanet::cp::forward_ranks_with(devices, &x, opts, &cuts, ex)?,
+            None => deltanet::cp::forward_ranks_on(devices, &x, opts, &cuts)?,
+        };
         let t2 = start.elapsed().as_secs_f64() * 1e3;
         if i >= a.warmup {
             one.push(t1);

@@ -1,0 +1,120 @@
+//! The context-parallel summaries exchanged through NCCL (`crate::cp::Exchange`), one GPU per
+//! rank. libnccl is loaded at run time like the driver: found as `libnccl.so` on the loader's
+//! path (the `nvidia-nccl-cu13` wheel ships `libnccl.so.2`; a `libnccl.so` link to it, on
+//! `LD_LIBRARY_PATH`, is enough). NVLink SHARP (NVLS) multicast stays off: it is disabled in the
+//! environment before the communicators are made, unless the caller already set it.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::nccl::safe::Comm;
+
+use crate::cp::Exchange;
+use crate::cuda::CudaDevice;
+use crate::error::{Error, Result};
+
+/// One communicator per rank, rank r on `devices[r]`, made at once in this process
+/// (`ncclCommInitAll`); rank r's thread calls [`Exchange::all_gather`] with `rank = r`.
+pub struct Nccl {
+    comms: Vec<Mutex<RankComm>>,
+}
+
+/// A communicator, used by one thread at a time (the mutex around it).
+struct RankComm(Comm);
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it do not overlap,
+// which the mutex holding each one guarantees.
+unsafe impl Send for RankComm {}
+
+fn nccl_err(what: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> Error {
+    move |e| Error::Internal(format!("NCCL {what}: {e:?}"))
+}
+
+fn driver_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |e| Error::Internal(format!("CUDA {what} for the NCCL exchange: {e:?}"))
+}
+
+impl Nccl {
+    /// Communicators for `devices.len()` ranks, one per GPU (distinct GPUs: NCCL refuses two
+    /// ranks on one device). [`Error::CudaUnavailable`] when libnccl cannot be loaded.
+    pub fn new(devices: &[Arc<CudaDevice>]) -> Result<Nccl> {
+        if devices.is_empty() {
+            return Err(Error::invalid("devices", "at least one GPU", "none"));
+        }
+        let mut ordinals: Vec<usize> = devices.iter().map(|d| d.ordinal()).collect();
+        ordinals.sort_unstable();
+        if ordinals.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Error::invalid(
+                "devices",
+                "one distinct GPU per NCCL rank",
+                format!("GPUs {ordinals:?}"),
+            ));
+        }
+        // SAFETY: only tries to open the library.
+        if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+            return Err(Error::CudaUnavailable(
+                "the NCCL library (libnccl.so) cannot be loaded".into(),
+            ));
+        }
+        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+            // Set before NCCL reads its environment (at its first communicator).
+            std::env::set_var("NCCL_NVLS_ENABLE", "0");
+        }
+        let streams = devices.iter().map(|d| d.stream().clone()).collect();
+        let comms = Comm::from_devices(streams).map_err(nccl_err("communicator setup"))?;
+        Ok(Nccl {
+            comms: comms.into_iter().map(|c| Mutex::new(RankComm(c))).collect(),
+        })
+    }
+}
+
+impl Exchange for Nccl {
+    fn ranks(&self) -> usize {
+        self.comms.len()
+    }
+
+    /// Two all-gathers on the rank's GPU: the buffers' lengths, then the buffers padded to the
+    /// longest; the rank's stream is synchronised before the results come back to the host.
+    fn all_gather(&self, rank: usize, mine: Vec<f32>) -> Result<Vec<Vec<f32>>> {
+        let ranks = self.comms.len();
+        let cell = self.comms.get(rank).ok_or_else(|| {
+            Error::invalid("rank", format!("a rank below {ranks}"), rank.to_string())
+        })?;
+        let guard = cell
+            .lock()
+            .map_err(|_| Error::Internal("a rank panicked during the exchange".into()))?;
+        let comm = &guard.0;
+        let stream = comm.stream();
+        let len = stream
+            .clone_htod(&[mine.len() as u64])
+            .map_err(driver_err("copying a length"))?;
+        let mut lens = stream
+            .alloc_zeros::<u64>(ranks)
+            .map_err(driver_err("allocating"))?;
+        comm.all_gather(&len, &mut lens)
+            .map_err(nccl_err("all-gather of the lengths"))?;
+        let lens = stream
+            .clone_dtoh(&lens)
+            .map_err(driver_err("reading the lengths"))?;
+        let longest = lens.iter().copied().max().unwrap_or(0) as usize;
+        if longest == 0 {
+            return Ok(vec![Vec::new(); ranks]);
+        }
+        let mut padded = mine;
+        padded.resize(longest, 0.0);
+        let send = stream
+            .clone_htod(&padded)
+            .map_err(driver_err("copying the summary"))?;
+        let mut recv = stream
+            .alloc_zeros::<f32>(ranks * longest)
+            .map_err(driver_err("allocating"))?;
+        comm.all_gather(&send, &mut recv)
+            .map_err(nccl_err("all-gather of the summaries"))?;
+        let all = stream
+            .clone_dtoh(&recv)
+            .map_err(driver_err("reading the summaries"))?;
+        Ok(all
+            .chunks_exact(longest)
+            .zip(&lens)
+            .map(|(c, &n)| c[..n as usize].to_vec())
+            .collect())
+    }
+}
