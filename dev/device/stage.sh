@@ -9,7 +9,7 @@ cargo build --release --bins --examples
 cargo test --release --no-run 2>&1 | tee /tmp/deltanet-no-run.txt >/dev/null
 D=.dev/all
 mkdir -p $D
-for n in engine fused decode cuda; do
+for n in engine fused decode cuda cp; do
   exe=$(grep -o "target/release/deps/$n-[0-9a-f]*" /tmp/deltanet-no-run.txt | head -1)
   cp "$exe" $D/${n}_test
 done
