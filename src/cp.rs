@@ -396,7 +396,13 @@ pub fn forward_ranks_on(
     opts: &Options,
     cuts: &[usize],
 ) -> Result<Vec<RankOutput>> {
-    forward_ranks_with(devices, x, opts, cuts, &InProcess::new(cuts.len().saturating_sub(1)))
+    forward_ranks_with(
+        devices,
+        x,
+        opts,
+        cuts,
+        &InProcess::new(cuts.len().saturating_sub(1)),
+    )
 }
 
 /// [`forward_ranks_on`] with the summaries exchanged through NCCL ([`crate::cuda::nccl::Nccl`]):
