@@ -5,24 +5,31 @@
 
 use deltanet::cp::{forward_ranks, forward_ranks_nccl, Exchange, RankOutput};
 use deltanet::reference::rel_l2;
-use deltanet::selftest::{Rng, Spec};
+use deltanet::selftest::{Case, Rng, Spec};
 use deltanet::{forward, Device, Inputs, Output};
+
+/// A random packed problem (B = 1) and random cuts of its tokens among `ranks` ranks.
+fn packed_case(rng: &mut Rng, ranks: usize) -> (Case, Vec<usize>) {
+    let mut spec = Spec::random(rng);
+    spec.b = 1;
+    let c = spec.build().unwrap();
+    let t = c.inputs.q.shape()[1];
+    let mut cuts: Vec<usize> = (0..ranks - 1).map(|_| rng.int(0, t)).collect();
+    cuts.push(0);
+    cuts.push(t);
+    cuts.sort_unstable();
+    (c, cuts)
+}
 
 #[test]
 fn ranks_equal_the_plain_forward_on_random_problems() {
     let mut rng = Rng::new(0xc0de);
     let (mut worst_o, mut worst_f, mut spanning) = (0f64, 0f64, 0);
     for case in 0..60 {
-        let mut spec = Spec::random(&mut rng);
-        spec.b = 1;
-        let c = spec.build().unwrap();
+        let ranks = rng.int(2, 8);
+        let (c, cuts) = packed_case(&mut rng, ranks);
         let (x, opts) = (&c.inputs, &c.opts);
         let t = x.q.shape()[1];
-        let ranks = rng.int(2, 8);
-        let mut cuts: Vec<usize> = (0..ranks - 1).map(|_| rng.int(0, t)).collect();
-        cuts.push(0);
-        cuts.push(t);
-        cuts.sort_unstable();
         let want = forward(&Device::Cpu, x, opts).unwrap();
         let got = forward_ranks(&Device::Cpu, x, opts, &cuts).unwrap();
         let what = format!("case {case} {} cuts {cuts:?}", c.name);
@@ -124,15 +131,8 @@ fn nccl_ranks_equal_the_plain_forward_on_the_gpus() {
     let mut rng = Rng::new(0x5eed);
     let mut worst = 0f64;
     for case in 0..6 {
-        let mut spec = Spec::random(&mut rng);
-        spec.b = 1;
-        let c = spec.build().unwrap();
+        let (c, cuts) = packed_case(&mut rng, ranks);
         let (x, opts) = (&c.inputs, &c.opts);
-        let t = x.q.shape()[1];
-        let mut cuts: Vec<usize> = (0..ranks - 1).map(|_| rng.int(0, t)).collect();
-        cuts.push(0);
-        cuts.push(t);
-        cuts.sort_unstable();
         let want = forward(&gpus[0], x, opts).unwrap();
         let got = forward_ranks_nccl(&gpus, x, opts, &cuts).unwrap();
         let what = format!("case {case} {} cuts {cuts:?}", c.name);
