@@ -19,8 +19,8 @@
 //!
 //! The exchange is the [`Exchange`] trait with two implementations: [`InProcess`] runs the ranks
 //! as threads of one process over any device (how the stitching is tested without several GPUs),
-//! and [`crate::cuda::nccl::Nccl`] all-gathers the summaries between GPUs through NCCL
-//! ([`forward_ranks_nccl`]).
+//! and `cuda::nccl::Nccl` (cargo feature `nccl`) all-gathers the summaries between GPUs through
+//! NCCL (`forward_ranks_nccl`).
 
 use std::ops::Range;
 use std::sync::{Barrier, Mutex};
@@ -405,6 +405,7 @@ pub fn forward_ranks_on(
     )
 }
 
+#[cfg(feature = "nccl")]
 /// [`forward_ranks_on`] with the summaries exchanged through NCCL ([`crate::cuda::nccl::Nccl`]):
 /// one process, a thread per rank, rank r on GPU `devices[r]` (as many distinct GPUs as ranks).
 /// The exchange goes through the GPUs as it would between processes, so this is how the NCCL

@@ -3,7 +3,7 @@
 //! problems (varlen with empty sequences, sequences spanning several ranks, empty ranks, every
 //! option). On the CPU here; the same code runs on any device.
 
-use deltanet::cp::{forward_ranks, forward_ranks_nccl, Exchange, RankOutput};
+use deltanet::cp::{forward_ranks, RankOutput};
 use deltanet::reference::rel_l2;
 use deltanet::selftest::{Case, Rng, Spec};
 use deltanet::{forward, Device, Inputs, Output};
@@ -93,8 +93,10 @@ fn ranks_error(
 /// The NCCL exchange on this machine's GPUs, one rank each: its all-gather returns every rank's
 /// buffer of its own length, and ranks over it give the plain forward's outputs and final states
 /// on random problems (one rank where there is one GPU). Skipped without a GPU or libnccl.
+#[cfg(feature = "nccl")]
 #[test]
 fn nccl_ranks_equal_the_plain_forward_on_the_gpus() {
+    use deltanet::cp::{forward_ranks_nccl, Exchange};
     let gpus: Vec<Device> = (0..8).map_while(|i| Device::cuda(i).ok()).collect();
     if gpus.is_empty() {
         eprintln!("SKIPPED: nccl_ranks_equal_the_plain_forward_on_the_gpus (no GPU)");

@@ -18,6 +18,7 @@ mod backend;
 pub mod decode;
 pub mod engine;
 pub mod fused;
+#[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod registry;
 pub(crate) mod stages;

@@ -1,5 +1,6 @@
 //! The context-parallel summaries exchanged through NCCL (`crate::cp::Exchange`), one GPU per
-//! rank. libnccl is loaded at run time like the driver: found as `libnccl.so` on the loader's
+//! rank (cargo feature `nccl`, on by default). libnccl is loaded at run time like the driver:
+//! found as `libnccl.so` on the loader's
 //! path (the `nvidia-nccl-cu13` wheel ships `libnccl.so.2`; a `libnccl.so` link to it, on
 //! `LD_LIBRARY_PATH`, is enough). NVLink SHARP (NVLS) multicast stays off: it is disabled in the
 //! environment before the communicators are made, unless the caller already set it.
@@ -48,8 +49,10 @@ impl Nccl {
                 format!("GPUs {ordinals:?}"),
             ));
         }
-        // SAFETY: only tries to open the library.
-        if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+        // cudarc opens `libnccl.so` first and panics where it finds no library; so it is opened
+        // here first (a no-op where cudarc links libnccl at build time).
+        // SAFETY: opening libnccl runs no initialiser that touches this process's state.
+        if unsafe { libloading::Library::new("libnccl.so") }.is_err() {
             return Err(Error::CudaUnavailable(
                 "the NCCL library (libnccl.so) cannot be loaded".into(),
             ));

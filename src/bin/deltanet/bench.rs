@@ -563,6 +563,7 @@ fn bench_ranks(
     let cuts: Vec<usize> = (0..=n).map(|r| r * t / n).collect();
     let (mut one, mut many, mut exchange) = (Vec::new(), Vec::new(), Vec::new());
     // The NCCL communicators are made once, as an engine would.
+    #[cfg(feature = "nccl")]
     let nccl = if a.exchange == "nccl" {
         let gpus = devices
             .iter()
@@ -578,6 +579,14 @@ fn bench_ranks(
             )));
         }
         Some(deltanet::cuda::nccl::Nccl::new(&gpus)?)
+    } else {
+        None
+    };
+    #[cfg(not(feature = "nccl"))]
+    let nccl: Option<deltanet::cp::InProcess> = if a.exchange == "nccl" {
+        return Err(Failure::usage(
+            "--exchange nccl: this deltanet was built without the `nccl` feature",
+        ));
     } else {
         None
     };
