@@ -405,11 +405,11 @@ pub fn forward_ranks_on(
     )
 }
 
-#[cfg(feature = "nccl")]
 /// [`forward_ranks_on`] with the summaries exchanged through NCCL ([`crate::cuda::nccl::Nccl`]):
 /// one process, a thread per rank, rank r on GPU `devices[r]` (as many distinct GPUs as ranks).
 /// The exchange goes through the GPUs as it would between processes, so this is how the NCCL
 /// path is run and tested on one machine.
+#[cfg(feature = "nccl")]
 pub fn forward_ranks_nccl(
     devices: &[Device],
     x: &Inputs<'_>,
@@ -424,14 +424,7 @@ pub fn forward_ranks_nccl(
             devices.len().to_string(),
         ));
     }
-    let gpus = devices
-        .iter()
-        .map(|d| match d {
-            Device::Cuda(g) => Ok(g.clone()),
-            Device::Cpu => Err(Error::invalid("devices", "GPUs for NCCL", "the CPU")),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let ex = crate::cuda::nccl::Nccl::new(&gpus)?;
+    let ex = crate::cuda::nccl::Nccl::new(devices)?;
     forward_ranks_with(devices, x, opts, cuts, &ex)
 }
 

@@ -102,14 +102,7 @@ fn nccl_ranks_equal_the_plain_forward_on_the_gpus() {
         eprintln!("SKIPPED: nccl_ranks_equal_the_plain_forward_on_the_gpus (no GPU)");
         return;
     }
-    let cuda: Vec<_> = gpus
-        .iter()
-        .map(|d| match d {
-            Device::Cuda(g) => g.clone(),
-            Device::Cpu => unreachable!(),
-        })
-        .collect();
-    let ex = match deltanet::cuda::nccl::Nccl::new(&cuda) {
+    let ex = match deltanet::cuda::nccl::Nccl::new(&gpus) {
         Ok(ex) => ex,
         Err(deltanet::Error::CudaUnavailable(m)) => {
             eprintln!("SKIPPED: nccl_ranks_equal_the_plain_forward_on_the_gpus ({m})");
@@ -160,4 +153,23 @@ fn bad_cuts_and_batches_are_refused() {
     let c = spec.build().unwrap();
     let e = forward_ranks(&Device::Cpu, &c.inputs, &c.opts, &[0, 5, 10]).unwrap_err();
     assert!(e.to_string().starts_with("q:"), "{e}");
+}
+
+/// NCCL ranks need one GPU each: the CPU, or fewer devices than ranks, are refused by name
+/// before any library is opened.
+#[cfg(feature = "nccl")]
+#[test]
+fn nccl_ranks_refuse_the_cpu_and_a_device_count_off_the_ranks() {
+    use deltanet::cp::forward_ranks_nccl;
+    let mut rng = Rng::new(6);
+    let (c, _) = packed_case(&mut rng, 2);
+    let t = c.inputs.q.shape()[1];
+    let cpus = [Device::Cpu, Device::Cpu];
+    for (devices, cuts) in [
+        (&cpus[..], vec![0, t / 2, t]),
+        (&cpus[..1], vec![0, t / 2, t]),
+    ] {
+        let e = forward_ranks_nccl(devices, &c.inputs, &c.opts, &cuts).unwrap_err();
+        assert!(e.to_string().starts_with("devices:"), "{e}");
+    }
 }

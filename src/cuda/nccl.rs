@@ -12,6 +12,7 @@ use cudarc::nccl::safe::Comm;
 use crate::cp::Exchange;
 use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
+use crate::Device;
 
 /// One communicator per rank, rank r on `devices[r]`, made at once in this process
 /// (`ncclCommInitAll`); rank r's thread calls [`Exchange::all_gather`] with `rank = r`.
@@ -36,10 +37,17 @@ fn driver_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Err
 impl Nccl {
     /// Communicators for `devices.len()` ranks, one per GPU (distinct GPUs: NCCL refuses two
     /// ranks on one device). [`Error::CudaUnavailable`] when libnccl cannot be loaded.
-    pub fn new(devices: &[Arc<CudaDevice>]) -> Result<Nccl> {
+    pub fn new(devices: &[Device]) -> Result<Nccl> {
         if devices.is_empty() {
             return Err(Error::invalid("devices", "at least one GPU", "none"));
         }
+        let devices = devices
+            .iter()
+            .map(|d| match d {
+                Device::Cuda(g) => Ok(g.clone()),
+                Device::Cpu => Err(Error::invalid("devices", "GPUs for NCCL", "the CPU")),
+            })
+            .collect::<Result<Vec<Arc<CudaDevice>>>>()?;
         let mut ordinals: Vec<usize> = devices.iter().map(|d| d.ordinal()).collect();
         ordinals.sort_unstable();
         if ordinals.windows(2).any(|w| w[0] == w[1]) {

@@ -565,20 +565,13 @@ fn bench_ranks(
     // The NCCL communicators are made once, as an engine would.
     #[cfg(feature = "nccl")]
     let nccl = if a.exchange == "nccl" {
-        let gpus = devices
-            .iter()
-            .filter_map(|d| match d {
-                Device::Cuda(g) => Some(g.clone()),
-                Device::Cpu => None,
-            })
-            .collect::<Vec<_>>();
-        if gpus.len() != n {
+        if devices.len() != n {
             return Err(Failure::usage(format!(
                 "--exchange nccl: expected {n} GPUs (one per rank), found {}",
-                gpus.len()
+                devices.len()
             )));
         }
-        Some(deltanet::cuda::nccl::Nccl::new(&gpus)?)
+        Some(deltanet::cuda::nccl::Nccl::new(devices)?)
     } else {
         None
     };
