@@ -1,13 +1,13 @@
 //! The context-parallel summaries exchanged through NCCL (`crate::cp::Exchange`), one GPU per
-//! rank (cargo feature `nccl`, on by default). libnccl is loaded at run time like the driver:
-//! found as `libnccl.so` on the loader's
-//! path (the `nvidia-nccl-cu13` wheel ships `libnccl.so.2`; a `libnccl.so` link to it, on
-//! `LD_LIBRARY_PATH`, is enough). NVLink SHARP (NVLS) multicast stays off: it is disabled in the
+//! rank (cargo feature `nccl`, on by default). libnccl is loaded at run time like the driver,
+//! found as `libnccl.so` on the loader's path (the `nvidia-nccl-cu13` wheel ships
+//! `libnccl.so.2`; a `libnccl.so` link to it, on `LD_LIBRARY_PATH`, is enough). NVLink SHARP (NVLS) multicast stays off: it is disabled in the
 //! environment before the communicators are made, unless the caller already set it.
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::nccl::safe::Comm;
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use cudarc::nccl::safe::{Comm, NcclType};
 
 use crate::cp::Exchange;
 use crate::cuda::CudaDevice;
@@ -27,11 +27,11 @@ struct RankComm(Comm);
 unsafe impl Send for RankComm {}
 
 fn nccl_err(what: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> Error {
-    move |e| Error::Internal(format!("NCCL {what}: {e:?}"))
+    move |e| Error::Internal(format!("NCCL ({what}): {e:?}"))
 }
 
 fn driver_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
-    move |e| Error::Internal(format!("CUDA {what} for the NCCL exchange: {e:?}"))
+    move |e| Error::Internal(format!("CUDA copy for the NCCL exchange ({what}): {e:?}"))
 }
 
 impl Nccl {
@@ -77,6 +77,21 @@ impl Nccl {
     }
 }
 
+/// Every rank's `mine` (all of one length), in rank order: copied to the rank's GPU,
+/// all-gathered, copied back (the copy back synchronises the rank's stream).
+fn gather<T>(comm: &Comm, mine: &[T], what: &'static str) -> Result<Vec<T>>
+where
+    T: NcclType + DeviceRepr + ValidAsZeroBits,
+{
+    let stream = comm.stream();
+    let send = stream.clone_htod(mine).map_err(driver_err(what))?;
+    let mut recv = stream
+        .alloc_zeros::<T>(comm.world_size() * mine.len())
+        .map_err(driver_err(what))?;
+    comm.all_gather(&send, &mut recv).map_err(nccl_err(what))?;
+    stream.clone_dtoh(&recv).map_err(driver_err(what))
+}
+
 impl Exchange for Nccl {
     fn ranks(&self) -> usize {
         self.comms.len()
@@ -93,35 +108,14 @@ impl Exchange for Nccl {
             .lock()
             .map_err(|_| Error::Internal("a rank panicked during the exchange".into()))?;
         let comm = &guard.0;
-        let stream = comm.stream();
-        let len = stream
-            .clone_htod(&[mine.len() as u64])
-            .map_err(driver_err("copying a length"))?;
-        let mut lens = stream
-            .alloc_zeros::<u64>(ranks)
-            .map_err(driver_err("allocating"))?;
-        comm.all_gather(&len, &mut lens)
-            .map_err(nccl_err("all-gather of the lengths"))?;
-        let lens = stream
-            .clone_dtoh(&lens)
-            .map_err(driver_err("reading the lengths"))?;
+        let lens = gather(comm, &[mine.len() as u64], "all-gather of the lengths")?;
         let longest = lens.iter().copied().max().unwrap_or(0) as usize;
         if longest == 0 {
             return Ok(vec![Vec::new(); ranks]);
         }
         let mut padded = mine;
         padded.resize(longest, 0.0);
-        let send = stream
-            .clone_htod(&padded)
-            .map_err(driver_err("copying the summary"))?;
-        let mut recv = stream
-            .alloc_zeros::<f32>(ranks * longest)
-            .map_err(driver_err("allocating"))?;
-        comm.all_gather(&send, &mut recv)
-            .map_err(nccl_err("all-gather of the summaries"))?;
-        let all = stream
-            .clone_dtoh(&recv)
-            .map_err(driver_err("reading the summaries"))?;
+        let all = gather(comm, &padded, "all-gather of the summaries")?;
         Ok(all
             .chunks_exact(longest)
             .zip(&lens)

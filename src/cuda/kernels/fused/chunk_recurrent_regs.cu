@@ -205,8 +205,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         const i64 kh = qk_head(j, P.h, hv, P.tiled);
         const i64 c0 = tile * VT;
         // Queues chunk ci's rows into stage buffer b (rows past the chunk's end are zero).
-        // With SPLIT_OUT the output warps stage the rows: the copies stay off
-        // the state chain.
+        // With SPLIT_OUT the output warps stage the rows: the copies stay off the state chain.
         auto issue = [&](i64 ci, int b) {
             if (SPLIT_OUT && state_warp) return;
             const int tid = threadIdx.x - (SPLIT_OUT ? KSPLIT * GROUPS * 32 : 0);
