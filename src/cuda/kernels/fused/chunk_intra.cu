@@ -111,22 +111,36 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
                 }
             }
         }
-        // 3. Row norms of k and q, one warp per row.
-        for (int i = warp; i < C; i += THREADS / 32) {
-            float sk = 0.0f, sq = 0.0f;
-            bool nonfinite = false;
-            for (int d = lane; d < DK; d += 32) {
-                const float a = to_f(Ks[i * SK + d]), b = to_f(Qs[i * SK + d]);
-                nonfinite |= !isfinite(a);
-                sk = fmaf(a, a, sk);
-                sq = fmaf(b, b, sq);
-            }
-            if (__any_sync(0xffffffffu, nonfinite) && lane == 0) atomicMin(first_bad, i);
-            sk = warp_sum(sk);
-            sq = warp_sum(sq);
-            if (lane == 0) {
-                rk[i] = P.l2norm ? 1.0f / sqrtf(sk + 1e-6f) : 1.0f;
-                rq[i] = P.l2norm ? 1.0f / sqrtf(sq + 1e-6f) : 1.0f;
+        // 3. Row norms of k and q on warps 1.. (warp 0 is busy with the cumsum), two rows (i
+        //    and i + NW) at a time so that their loads and shuffles overlap.
+        {
+            constexpr int NW = THREADS / 32 - 1;
+            for (int i = warp - 1; warp > 0 && i < C; i += 2 * NW) {
+                float sk[2] = {0.0f, 0.0f}, sq[2] = {0.0f, 0.0f};
+                bool nonfinite[2] = {false, false};
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int row = i + u * NW;
+                    if (row < C) {
+                        for (int d = lane; d < DK; d += 32) {
+                            const float a = to_f(Ks[row * SK + d]), b = to_f(Qs[row * SK + d]);
+                            nonfinite[u] |= !isfinite(a);
+                            sk[u] = fmaf(a, a, sk[u]);
+                            sq[u] = fmaf(b, b, sq[u]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int row = i + u * NW;
+                    if (__any_sync(0xffffffffu, nonfinite[u]) && lane == 0) atomicMin(first_bad, row);
+                    sk[u] = warp_sum(sk[u]);
+                    sq[u] = warp_sum(sq[u]);
+                    if (lane == 0 && row < C) {
+                        rk[row] = P.l2norm ? 1.0f / sqrtf(sk[u] + 1e-6f) : 1.0f;
+                        rq[row] = P.l2norm ? 1.0f / sqrtf(sq[u] + 1e-6f) : 1.0f;
+                    }
+                }
             }
         }
         __syncthreads();
@@ -174,81 +188,130 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
 #endif
             }
             __syncthreads();  // dd, gam of every row are visible below
-            // Elements (e, e + 1) of a fragment are columns (l, l + 1) of one row: p is stored in
-            // pairs (one 32-bit store per plane).
+            // The thread's two rows (frag_row 0 and 8) and their scalings, held in registers:
+            // the stores to As below share the shared memory these are read from, so without
+            // this the compiler reloads them for every element.
+            float rg[2], rl[2], rs[2], ra[2], rp[2];
 #pragma unroll
-            for (int a = 0; a < 4; ++a)
+            for (int i = 0; i < 2; ++i) {
+                const int r = rb + frag_row(2 * i);
+                rg[i] = gam[r];
+                rl[i] = lo[r];
+                rs[i] = seg[r];
+                ra[i] = bet[r] * rk[r];
+                rp[i] = P.scale * rq[r];
+            }
+            // Elements (e, e + 1) of a fragment are columns (l, l + 1) of one row: their column
+            // values are float2 loads and p is stored in pairs (one 32-bit store per plane).
 #pragma unroll
-                for (int e0 = 0; e0 < 4; e0 += 2) {
-                    const int r = rb + frag_row(e0);
+            for (int a = 0; a < 4; ++a) {
+                const int l0 = cb + 8 * a + frag_col(0);
+                const float2 cg = *(const float2*)(gam + l0), cl = *(const float2*)(lo + l0);
+                const float2 cs = *(const float2*)(seg + l0), ck = *(const float2*)(rk + l0);
+                const float colg[2] = {cg.x, cg.y}, coll[2] = {cl.x, cl.y};
+                const float cols[2] = {cs.x, cs.y}, colk[2] = {ck.x, ck.y};
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const int r = rb + frag_row(2 * i);
                     float pv[2];
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const int l = cb + 8 * a + frag_col(e0 + h);
-                        const bool valid = r < lenf && l <= r;
-                        const float dec = valid ? decay(gam[r], lo[r], seg[r], gam[l], lo[l], seg[l]) : 0.0f;
-                        if (l < r) As[r * SA_ + l] = valid ? bet[r] * rk[r] * rk[l] * sk[a][e0 + h] * dec : 0.0f;
-                        pv[h] = valid ? P.scale * rq[r] * rk[l] * sq[a][e0 + h] * dec : 0.0f;
+                        const int l = l0 + h;
+                        float av = 0.0f;
+                        pv[h] = 0.0f;
+                        // Only the lower triangle of valid rows takes a decay (an exp).
+                        if (r < lenf && l <= r) {
+                            const float dec = decay(rg[i], rl[i], rs[i], colg[h], coll[h], cols[h]);
+                            av = ra[i] * colk[h] * sk[a][2 * i + h] * dec;
+                            pv[h] = rp[i] * colk[h] * sq[a][2 * i + h] * dec;
+                        }
+                        if (l < r) As[r * SA_ + l] = av;
                     }
                     if (r < len) {
-                        const int l = cb + 8 * a + frag_col(e0);
 #if PLANES
                         unsigned pc[3];
                         split3(pv[0], pv[1], pc[0], pc[1], pc[2]);
-                        unsigned* dst = (unsigned*)((unsigned short*)P.p + ((start + r) * hv + j) * (PIECES * C) + l);
+                        unsigned* dst = (unsigned*)((unsigned short*)P.p + ((start + r) * hv + j) * (PIECES * C) + l0);
 #pragma unroll
                         for (int i = 0; i < PIECES; ++i) dst[i * (C / 2)] = pc[i];
 #else
-                        *(float2*)(pout + ((start + r) * hv + j) * C + l) = make_float2(pv[0], pv[1]);
+                        *(float2*)(pout + ((start + r) * hv + j) * C + l0) = make_float2(pv[0], pv[1]);
 #endif
                     }
                 }
+            }
         }
         __syncthreads();
         // 5. A_inv = (I + A_strict)^-1. Diagonal 16 x 16 blocks by forward substitution, one
-        //    thread per (block, column).
-        // Loops over compile-time bounds, masked per thread, in the same order of operations
-        // as the plain loops (so the same roundings): their operands' loads are issued ahead
-        // and the index arithmetic folds into constant offsets.
+        //    thread per (block, column), column by column: once x[m] is final every later row
+        //    takes its term, so the chain is 16 FMAs deep instead of 120, and each row still
+        //    sums its terms in increasing m (the roundings of the row-by-row loop).
+        // Loops over compile-time bounds, masked per thread: their operands' loads are issued
+        // ahead and the index arithmetic folds into constant offsets.
         if (tid < C) {
             const int b0 = (tid >> 4) * 16, cc = tid & 15;
             const float* Ab = As + b0 * SA_ + b0;
             float x[16];
 #pragma unroll
-            for (int r = 0; r < 16; ++r) {
-                float acc = r == cc ? 1.0f : 0.0f;
+            for (int r = 0; r < 16; ++r) x[r] = r == cc ? 1.0f : 0.0f;
 #pragma unroll
-                for (int m = 0; m < r; ++m)
-                    if (m >= cc) acc = fmaf(-Ab[r * SA_ + m], x[m], acc);
-                x[r] = acc;
-            }
+            for (int m = 0; m < 15; ++m)
+#pragma unroll
+                for (int r = m + 1; r < 16; ++r)
+                    if (m >= cc) x[r] = fmaf(-Ab[r * SA_ + m], x[m], x[r]);
             // Every row, the zeros above the diagonal too (the block rows read them).
 #pragma unroll
             for (int r = 0; r < 16; ++r) Xs[(b0 + r) * SA_ + b0 + cc] = x[r];
         }
         __syncthreads();
-        // Block row bi: X_{bi,bj} = -X_{bi,bi} sum_{bj <= bk < bi} A_{bi,bk} X_{bk,bj}; thread
-        // (r, cc) forms element (r, cc) of every block bj < bi.
+        // Block row bi: X_{bi,bj} = -X_{bi,bi} sum_{bj <= bk < bi} A_{bi,bk} X_{bk,bj}. Thread
+        // (bj, r, c4) forms row r, columns 4 c4 .. 4 c4 + 3 of block bj < bi, by 16-byte
+        // loads (five for sixteen FMAs where the one-element form took two for one); each
+        // element sums in increasing m as before.
         {
-            const int r = tid >> 4, cc = tid & 15;
+            const int bj = tid >> 6, r = (tid >> 2) & 15, c0 = (tid & 3) * 4;
 #pragma unroll
             for (int bi = 1; bi < 4; ++bi) {
+                if (bj < bi) {
+                    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const float* arow = As + (bi * 16 + r) * SA_;
 #pragma unroll
-                for (int bj = 0; bj < bi; ++bj) {
-                    float x = 0.0f;
+                    for (int m0 = 0; m0 < 48; m0 += 4) {
+                        if (m0 >= bj * 16 && m0 < bi * 16) {
+                            const float4 a4 = *(const float4*)(arow + m0);
+                            const float av[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
-                    for (int m = bj * 16; m < bi * 16; ++m)
-                        x = fmaf(As[(bi * 16 + r) * SA_ + m], Xs[m * SA_ + bj * 16 + cc], x);
-                    Tm[(bj << 8) + (r << 4) + cc] = x;
+                            for (int u = 0; u < 4; ++u) {
+                                const float4 x4 = *(const float4*)(Xs + (m0 + u) * SA_ + bj * 16 + c0);
+                                x[0] = fmaf(av[u], x4.x, x[0]);
+                                x[1] = fmaf(av[u], x4.y, x[1]);
+                                x[2] = fmaf(av[u], x4.z, x[2]);
+                                x[3] = fmaf(av[u], x4.w, x[3]);
+                            }
+                        }
+                    }
+                    *(float4*)(Tm + (bj << 8) + (r << 4) + c0) = make_float4(x[0], x[1], x[2], x[3]);
                 }
                 __syncthreads();
+                if (bj < bi) {
+                    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const float* xrow = Xs + (bi * 16 + r) * SA_ + bi * 16;
 #pragma unroll
-                for (int bj = 0; bj < bi; ++bj) {
-                    float x = 0.0f;
+                    for (int m0 = 0; m0 < 16; m0 += 4) {
+                        const float4 a4 = *(const float4*)(xrow + m0);
+                        const float av[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
-                    for (int m = 0; m < 16; ++m)
-                        if (m <= r) x = fmaf(Xs[(bi * 16 + r) * SA_ + bi * 16 + m], Tm[(bj << 8) + m * 16 + cc], x);
-                    Xs[(bi * 16 + r) * SA_ + bj * 16 + cc] = -x;
+                        for (int u = 0; u < 4; ++u) {
+                            if (m0 + u <= r) {
+                                const float4 t4 = *(const float4*)(Tm + (bj << 8) + (m0 + u) * 16 + c0);
+                                x[0] = fmaf(av[u], t4.x, x[0]);
+                                x[1] = fmaf(av[u], t4.y, x[1]);
+                                x[2] = fmaf(av[u], t4.z, x[2]);
+                                x[3] = fmaf(av[u], t4.w, x[3]);
+                            }
+                        }
+                    }
+                    *(float4*)(Xs + (bi * 16 + r) * SA_ + bj * 16 + c0) = make_float4(-x[0], -x[1], -x[2], -x[3]);
                 }
                 __syncthreads();
             }
