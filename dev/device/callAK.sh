@@ -26,12 +26,7 @@ for round in 1 2; do
   done; done
 done 2>&1 | tee $R/ab.txt
 pack
-for P in exact fast; do
-  for s in 1,32768,16,32,128,128 1,65536,16,32,128,128 8,8192,16,32,128,128 1,2048,16,32,128,128; do
-    pb "$P $s" --precision $P --shape $s --repeats 20 --json $R/shape_${P}_${s//,/_}.json
-  done
-  pb "$P varlen64 1,65536" --precision $P --shape 1,65536,16,32,128,128 --varlen 64 --repeats 20 --json $R/shape_${P}_varlen64.json
-done 2>&1 | tee $R/shapes.txt
+issue_shapes 2>&1 | tee $R/shapes.txt
 pack
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $TOP/.gpu/fla/*.whl > /dev/null 2>&1
 PYTHONPATH=/tmp/site timeout 100 python3 $TOP/.gpu/anchors.py --impl fla --shapes "1,32768,16,32,128,128;1,65536,16,32,128,128;8,8192,16,32,128,128;1,2048,16,32,128,128" --varlen "64,65536,16,32,128,128" --json $R/fla_shapes.json 2>&1 | tail -6 | tee $R/fla.txt
