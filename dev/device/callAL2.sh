@@ -8,10 +8,9 @@ TAG=al; R=$OUT/$TAG; mkdir -p $R
 . ./lib.sh
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $TOP/.gpu/z3/*.whl $TOP/.gpu/fla/*.whl > $R/pip.txt 2>&1; echo "pip rc=$?"
 export PYTHONPATH=/tmp/site
-SHAPES="1,32768,16,32,128,128;1,65536,16,32,128,128;8,8192,16,32,128,128;1,2048,16,32,128,128"
 issue_shapes 2>&1 | tee $R/shapes.txt
 pack
-timeout 100 python3 $TOP/.gpu/anchors.py --impl fla --shapes "$SHAPES" --varlen "64,65536,16,32,128,128" --json $R/fla_shapes.json 2>&1 | tail -5 | tee $R/fla.txt
+timeout 100 python3 $TOP/.gpu/anchors.py --impl fla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/fla_shapes.json 2>&1 | tail -5 | tee $R/fla.txt
 pack
-timeout 250 python3 $TOP/.gpu/anchors.py --impl flashqla --shapes "$SHAPES" --varlen "64,65536,16,32,128,128" --json $R/qla_shapes.json 2>&1 | tail -5 | tee $R/qla.txt
+timeout 250 python3 $TOP/.gpu/anchors.py --impl flashqla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/qla_shapes.json 2>&1 | tail -5 | tee $R/qla.txt
 pack

@@ -14,10 +14,13 @@ run() {
 pb() { local tag=$1; shift; timeout 40 ./deltanet bench --device cuda --work prefill --dtype bf16 --warmup 2 "$@" 2>&1 | grep -E "^prefill" | sed "s/^/$tag /"; }
 # db ARGS...: the decode bench's lines (single launches, back to back, the device copy).
 db() { timeout 25 ./deltanet bench --device cuda --work decode --dtype bf16 --warmup 30 --repeats 1000 "$@" 2>&1 | grep -E "^decode|^d2d"; }
-# issue_shapes: the issues' five prefill shapes in both precisions, JSON per shape in $R.
+# The issues' four fixed prefill shapes (B,T,H,HV,K,V), as anchors.py's --shapes takes them; the
+# fifth is varlen, 64 sequences in 65536 tokens.
+ISSUE_SHAPES="1,32768,16,32,128,128;1,65536,16,32,128,128;8,8192,16,32,128,128;1,2048,16,32,128,128"
+# issue_shapes: the five shapes in both precisions, JSON per shape in $R.
 issue_shapes() {
   for P in exact fast; do
-    for s in 1,32768,16,32,128,128 1,65536,16,32,128,128 8,8192,16,32,128,128 1,2048,16,32,128,128; do
+    for s in ${ISSUE_SHAPES//;/ }; do
       pb "$P $s" --precision $P --shape $s --repeats 20 --json $R/shape_${P}_${s//,/_}.json
     done
     pb "$P varlen64 1,65536" --precision $P --shape 1,65536,16,32,128,128 --varlen 64 --repeats 20 --json $R/shape_${P}_varlen64.json
