@@ -2,9 +2,7 @@
 // varlen problems (bf16 q, k, v; l2norm or unit keys; both head maps; an initial state; partial
 // and empty sequences) through chunk_intra then chunk_recurrent_regs, against a float64
 // recurrence.
-#include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,8 +18,6 @@ struct IntraParams {
     i64 chunks, h, hv;
     float scale, beta_mult, reset;
     int tiled, l2norm, gate_in_kernel, beta_is_logits;
-    u64 seq_first_chunk;
-    i64 win_lo, win_len;
 };
 struct RecParams {
     u64 q, k, v, a_inv, p, scal;
@@ -31,7 +27,6 @@ struct RecParams {
     u64 chunk_states;
     u64 chunk_start, chunk_len, seq_first_chunk;
     i64 seqs, h, hv;
-    i64 win_lo, win_hi;
     int tiled;
 };
 struct Conf {
@@ -116,43 +111,18 @@ int main(int argc, char** argv) {
         IntraParams ip{(u64)q.data(), (u64)k.data(), (u64)g.data(), (u64)beta.data(), 0, 0,
                        (u64)a_inv.data(), (u64)pp.data(), (u64)scal.data(),
                        (u64)cstart.data(), (u64)clen.data(), chunks, h, hv, scale, 1.0f, -40.0f,
-                       tiled, l2, 0, 0, (u64)sfirst.data(), 0, 0};
+                       tiled, l2, 0, 0};
         const long long sk = dk + 8;
         const long long intra_smem = (2 * C * (C + 4) + 3 * 256 + 7 * C) * 4 + 16 + 2 * C * sk * 2;
         if (chunks) cf.intra(&ip, chunks * hv, intra_smem);
         RecParams rp{(u64)q.data(), (u64)k.data(), (u64)v.data(), (u64)a_inv.data(), (u64)pp.data(),
                      (u64)scal.data(), with_h0 ? (u64)h0.data() : 0, (u64)o.data(), (u64)fin.data(), 0,
-                     (u64)cstart.data(), (u64)clen.data(), (u64)sfirst.data(), seqs, h, hv, 0, INT64_MAX, tiled};
+                     (u64)cstart.data(), (u64)clen.data(), (u64)sfirst.data(), seqs, h, hv, tiled};
         const long long groups = cf.vt / 16;
         const long long stage = (2 * C * (dk + 8) + 2 * C * (3 * C + 8) + C * (cf.vt + 8)) * 2 + C * 16;
         const long long rec_smem = 2 * stage + groups * dk * 16 * 4 + (cf.split ? groups * (C * 16 * 4 + 4) : 0) +
                                    (cf.ksplit ? groups * 2 * C * 16 * 4 : 0);
         cf.rec(&rp, (long long)seqs * hv * (dv / cf.vt), rec_smem);
-        // The same forward in windows of `wl` chunks of each sequence (as the forward with
-        // Tuning::windows runs it): every output equal bit for bit, the state passed between
-        // windows through the final state.
-        bool windows_equal = true;
-        {
-            i64 most = 0;
-            for (int s = 0; s < seqs; ++s) most = std::max(most, sfirst[s + 1] - sfirst[s]);
-            const i64 wl = 1 + c % 2;
-            std::vector<unsigned short> a2(a_inv.size(), 0xffff), p2(pp.size(), 0xffff);
-            std::vector<float> sc2(scal.size(), NAN), o2(o.size(), NAN), fin2(fin.size(), NAN);
-            for (i64 lo = 0; lo < std::max<i64>(most, 1); lo += wl) {
-                IntraParams iw = ip;
-                iw.a_inv = (u64)a2.data(); iw.p = (u64)p2.data(); iw.scal = (u64)sc2.data();
-                iw.chunks = seqs * wl; iw.win_lo = lo; iw.win_len = wl;
-                cf.intra(&iw, seqs * wl * hv, intra_smem);
-                RecParams rw = rp;
-                rw.a_inv = (u64)a2.data(); rw.p = (u64)p2.data(); rw.scal = (u64)sc2.data();
-                rw.o = (u64)o2.data(); rw.final_state = (u64)fin2.data();
-                rw.h0 = lo == 0 ? rp.h0 : (u64)fin2.data();
-                rw.win_lo = lo; rw.win_hi = lo + wl;
-                cf.rec(&rw, (long long)seqs * hv * (dv / cf.vt), rec_smem);
-            }
-            windows_equal = memcmp(o.data(), o2.data(), o.size() * 4) == 0 &&
-                            memcmp(fin.data(), fin2.data(), fin.size() * 4) == 0;
-        }
         // The float64 recurrence.
         std::vector<double> o_ref(o.size(), 0.0), s_ref(fin.size(), 0.0);
         for (int s = 0; s < seqs; ++s)
@@ -187,10 +157,10 @@ int main(int argc, char** argv) {
                 for (i64 e = 0; e < kv; ++e) s_ref[(s * hv + j) * kv + e] = S[e];
             }
         const double eo = rel_l2(o, o_ref), es = rel_l2(fin, s_ref);
-        const bool ok = eo <= 1e-5 && es <= 1e-5 && windows_equal;
+        const bool ok = eo <= 1e-5 && es <= 1e-5;
         failures += !ok;
-        printf("%s case %d: K=%d V=%d VT=%d split=%d ksplit=%d H=%d HV=%d seqs=%d T=%lld l2norm=%d tiled=%d h0=%d: o %.2e, final state %.2e, windows %s\n",
-               ok ? "ok  " : "FAIL", c, dk, dv, cf.vt, cf.split, cf.ksplit, h, hv, seqs, (long long)T, l2, tiled, with_h0, eo, es, windows_equal ? "equal" : "DIFFER");
+        printf("%s case %d: K=%d V=%d VT=%d split=%d ksplit=%d H=%d HV=%d seqs=%d T=%lld l2norm=%d tiled=%d h0=%d: o %.2e, final state %.2e\n",
+               ok ? "ok  " : "FAIL", c, dk, dv, cf.vt, cf.split, cf.ksplit, h, hv, seqs, (long long)T, l2, tiled, with_h0, eo, es);
         fflush(stdout);
     }
     printf("%d/%d cases failed\n", failures, count);

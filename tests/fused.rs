@@ -99,10 +99,6 @@ fn tunings() -> Vec<fused::Tuning> {
             vt: Some(32),
             ..Tuning::default()
         },
-        Tuning {
-            windows: Some(3),
-            ..Tuning::default()
-        },
     ]
 }
 
@@ -212,73 +208,6 @@ fn fused_equals_stages_and_oracle_on_every_option_or_skip_without_gpu() {
         worst[3]
     );
     assert!(fused_runs > cases / 2, "too few cases took the fused path");
-}
-
-/// The forward in windows (chunk_intra of the next window on a second stream beside the
-/// recurrent kernel of this one, the state carried through final_state) gives the results of
-/// one window bit for bit: o, the final state and the chunk states, on both recurrent kernels
-/// and both precisions, with 2, 3 and one window per chunk.
-#[test]
-fn fused_in_windows_equals_one_window_bit_for_bit_or_skip_without_gpu() {
-    let Some(dev) = gpu() else { return };
-    let cases = case_count(24);
-    let mut compared = 0;
-    for seed in 1000..1000 + cases {
-        let (name, x, mut opts) = case(seed);
-        if seed % 2 == 1 {
-            opts.precision = deltanet::Precision::Fast;
-        }
-        let p = Problem::from_inputs(&x, &opts).unwrap();
-        if !fused::supported(&dev, &p, &opts) {
-            continue;
-        }
-        for base in [
-            fused::Tuning::default(),
-            fused::Tuning {
-                regs: Some(false),
-                ..fused::Tuning::default()
-            },
-        ] {
-            let run = |windows: usize| {
-                let mut r = fused::Resident::new(dev.clone(), &x, &opts).unwrap();
-                r.tuning = fused::Tuning {
-                    windows: Some(windows),
-                    ..base
-                };
-                r.run().unwrap();
-                r.outputs().unwrap()
-            };
-            let one = run(1);
-            for windows in [2, 3, 1 << 20] {
-                let w = run(windows);
-                let same = |a: &[f32], b: &[f32]| {
-                    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-                };
-                assert!(
-                    same(&one.0, &w.0),
-                    "{name} {base:?} windows {windows}: o differs"
-                );
-                assert!(
-                    same(&one.1, &w.1),
-                    "{name} {base:?} windows {windows}: final state differs"
-                );
-                assert_eq!(
-                    one.2.is_some(),
-                    w.2.is_some(),
-                    "{name}: chunk states asked for"
-                );
-                if let (Some(a), Some(b)) = (&one.2, &w.2) {
-                    assert!(
-                        same(a, b),
-                        "{name} {base:?} windows {windows}: chunk states differ"
-                    );
-                }
-                compared += 1;
-            }
-        }
-    }
-    eprintln!("{compared} windowed forwards equal to one window, bit for bit");
-    assert!(compared > 0, "no case took the fused path");
 }
 
 /// Device time of the fused forward with inputs resident in their own dtype (what `bench`

@@ -655,9 +655,6 @@ impl Plan {
             dev.function(kernel, Some(p.chunk_size()))?;
         }
         let tables = dev.upload_tables(p)?;
-        // The fused forward may overlap its kernels on a second stream: made here, outside any
-        // capture.
-        drop(dev.side()?);
         Ok(Plan {
             forward: forward_layout(p, opts, dtype),
             step: step_layout(p, opts, dtype),

@@ -26,12 +26,10 @@ pub(crate) mod stages;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys::{
-    CUdevice_attribute, CUdeviceptr, CUevent_flags, CUfunction_attribute, CUstream,
-};
+use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr, CUfunction_attribute, CUstream};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    DriverError, LaunchConfig, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
+    LaunchConfig, ValidAsZeroBits,
 };
 
 use crate::error::{Error, Result};
@@ -88,19 +86,6 @@ pub struct CudaDevice {
     max_shared: usize,
     functions: Mutex<HashMap<(Kernel, Option<usize>), CudaFunction>>,
     tables: Mutex<Vec<(Problem, Arc<Tables>)>>,
-    side: Mutex<Option<Side>>,
-}
-
-/// A second stream beside the device's, for work that overlaps it (the fused forward's
-/// chunk_intra over the next window of chunks while chunk_recurrent runs the current one), and
-/// the two events that order them. It sees raw device pointers only, ordered by these events:
-/// no buffer object is used on it.
-pub(crate) struct Side {
-    pub stream: Arc<CudaStream>,
-    /// Recorded on the device's stream before the overlapped work: the side stream waits on it.
-    pub start: CudaEvent,
-    /// Recorded on the side stream after each piece of its work: the device's stream waits on it.
-    pub ready: CudaEvent,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -152,7 +137,6 @@ fn on_stream(stream: Arc<CudaStream>) -> Result<CudaDevice> {
         max_shared: usize::try_from(max_shared).unwrap_or(0),
         functions: Mutex::new(HashMap::new()),
         tables: Mutex::new(Vec::new()),
-        side: Mutex::new(None),
     })
 }
 
@@ -267,32 +251,6 @@ impl CudaDevice {
     /// The stream all of this device's work is queued on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
-    }
-
-    /// The side stream and its events, made on first use (make it outside a graph capture: an
-    /// engine's [`Plan::new`] does). Held locked while work is queued on both streams, so that
-    /// two threads' forwards do not interleave their event records.
-    pub(crate) fn side(&self) -> Result<std::sync::MutexGuard<'_, Option<Side>>> {
-        let mut side = lock(&self.side)?;
-        if side.is_none() {
-            // Priority over the device's stream (a value past the range is clamped to the
-            // highest): its blocks feed the ones queued there.
-            let stream = self
-                .ctx
-                .new_stream_with_priority(-100)
-                .map_err(cuda_err("creating the side stream"))?;
-            let event = || {
-                self.ctx
-                    .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                    .map_err(cuda_err("creating an event"))
-            };
-            *side = Some(Side {
-                stream,
-                start: event()?,
-                ready: event()?,
-            });
-        }
-        Ok(side)
     }
 
     /// Dynamic shared memory a block may use (after opting in), in bytes.

@@ -392,18 +392,12 @@ pub struct Tuning {
     /// With the split kernel, two state warps per 16 columns over halves of K; by default on
     /// with three pieces (the exact precision) where K is a multiple of 32.
     pub ksplit: Option<bool>,
-    /// The forward in this many windows of each sequence's chunks, `chunk_intra` over window
-    /// w + 1 (on a second stream) beside the recurrent kernel over window w; the state passes
-    /// between windows through `final_state` in f32, so the results are those of one window
-    /// bit for bit. By default 1 (no overlap).
-    pub windows: Option<usize>,
 }
 
 impl Tuning {
     /// From the environment: `DELTANET_FUSED_VT`, `DELTANET_FUSED_NBUF`,
     /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`, `DELTANET_FUSED_REGS=0|1`,
-    /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`,
-    /// `DELTANET_FUSED_WINDOWS`.
+    /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -422,7 +416,6 @@ impl Tuning {
             pieces: num("DELTANET_FUSED_PIECES"),
             split: flag("DELTANET_FUSED_SPLIT"),
             ksplit: flag("DELTANET_FUSED_KSPLIT"),
-            windows: num("DELTANET_FUSED_WINDOWS"),
         }
     }
 }
@@ -615,9 +608,6 @@ struct IntraParams {
     l2norm: i32,
     gate_in_kernel: i32,
     beta_is_logits: i32,
-    seq_first_chunk: u64,
-    win_lo: i64,
-    win_len: i64,
 }
 
 #[repr(C)]
@@ -639,8 +629,6 @@ struct RecParams {
     seqs: i64,
     h: i64,
     hv: i64,
-    win_lo: i64,
-    win_hi: i64,
     tiled: i32,
 }
 
@@ -751,6 +739,7 @@ pub(crate) fn forward_with_tables(
     if p.num_seqs() == 0 {
         return Ok(());
     }
+    let stream = dev.stream();
     let rows = (tokens * hv) as u64;
     let a_inv = io.workspace;
     let pbuf = a_inv + rows * cfg.row_bytes() as u64;
@@ -758,32 +747,42 @@ pub(crate) fn forward_with_tables(
     // Timing knob: DELTANET_FUSED_ONLY=intra or =recurrent launches one kernel alone (results
     // then wrong), to split the forward's time between the two.
     let only = std::env::var("DELTANET_FUSED_ONLY").unwrap_or_default();
-    let ip = IntraParams {
-        q: io.q,
-        k: io.k,
-        g: io.g,
-        beta: io.beta,
-        a_log: io.a_log,
-        dt_bias: io.dt_bias,
-        a_inv,
-        p: pbuf,
-        scal,
-        chunk_start: t.chunks.start,
-        chunk_len: t.chunks.len,
-        chunks: chunks as i64,
-        h: p.heads() as i64,
-        hv: hv as i64,
-        scale: opts.scale_for(p.dk()),
-        beta_mult: if opts.allow_neg_eigval { 2.0 } else { 1.0 },
-        reset: RESET_LOG_DECAY,
-        tiled: i32::from(p.head_map() == crate::HeadMap::Tiled),
-        l2norm: i32::from(opts.use_qk_l2norm),
-        gate_in_kernel: i32::from(opts.gate_in_kernel),
-        beta_is_logits: i32::from(opts.beta_is_logits),
-        seq_first_chunk: t.seq_first_chunk,
-        win_lo: 0,
-        win_len: 0,
-    };
+    if chunks > 0 && only != "recurrent" {
+        let ip = IntraParams {
+            q: io.q,
+            k: io.k,
+            g: io.g,
+            beta: io.beta,
+            a_log: io.a_log,
+            dt_bias: io.dt_bias,
+            a_inv,
+            p: pbuf,
+            scal,
+            chunk_start: t.chunks.start,
+            chunk_len: t.chunks.len,
+            chunks: chunks as i64,
+            h: p.heads() as i64,
+            hv: hv as i64,
+            scale: opts.scale_for(p.dk()),
+            beta_mult: if opts.allow_neg_eigval { 2.0 } else { 1.0 },
+            reset: RESET_LOG_DECAY,
+            tiled: i32::from(p.head_map() == crate::HeadMap::Tiled),
+            l2norm: i32::from(opts.use_qk_l2norm),
+            gate_in_kernel: i32::from(opts.gate_in_kernel),
+            beta_is_logits: i32::from(opts.beta_is_logits),
+        };
+        let f = function(dev, Kernel::ChunkIntra, &cfg)?;
+        let shared = cfg.shared_bytes(Kernel::ChunkIntra);
+        // SAFETY: one by-value argument mirrored in chunk_intra.cu; every pointer holds its
+        // tensor (the caller's contract); the shared memory is what the kernel carves.
+        unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(&ip)
+                .launch(grid(chunks * hv, THREADS, shared))
+        }
+        .map_err(cuda_err("launching chunk_intra"))?;
+    }
     let rp = RecParams {
         q: io.q,
         k: io.k,
@@ -801,111 +800,24 @@ pub(crate) fn forward_with_tables(
         seqs: p.num_seqs() as i64,
         h: p.heads() as i64,
         hv: hv as i64,
-        win_lo: 0,
-        win_hi: i64::MAX,
         tiled: i32::from(p.head_map() == crate::HeadMap::Tiled),
     };
-    let intra_fn = function(dev, Kernel::ChunkIntra, &cfg)?;
-    let intra_shared = cfg.shared_bytes(Kernel::ChunkIntra);
+    if only == "intra" {
+        return Ok(());
+    }
     let rec = cfg.recurrent();
-    let rec_fn = function(dev, rec, &cfg)?;
-    let rec_shared = cfg.shared_bytes(rec);
-    let rec_items = p.num_seqs() * hv * (p.dv() / cfg.vt);
-    let launch_intra = |stream: &cudarc::driver::CudaStream, ip: &IntraParams| {
-        if only == "recurrent" || ip.chunks == 0 {
-            return Ok(());
-        }
-        // SAFETY: one by-value argument mirrored in chunk_intra.cu; every pointer holds its
-        // tensor (the caller's contract); the shared memory is what the kernel carves.
-        unsafe {
-            stream.launch_builder(&intra_fn).arg(ip).launch(grid(
-                ip.chunks as usize * hv,
-                THREADS,
-                intra_shared,
-            ))
-        }
-        .map(|_| ())
-        .map_err(cuda_err("launching chunk_intra"))
-    };
-    let launch_rec = |stream: &cudarc::driver::CudaStream, rp: &RecParams| {
-        if only == "intra" {
-            return Ok(());
-        }
-        // SAFETY: as for chunk_intra (both recurrent kernels take the same parameters).
-        unsafe {
-            stream.launch_builder(&rec_fn).arg(rp).launch(grid(
-                rec_items,
-                cfg.threads(rec),
-                rec_shared,
-            ))
-        }
-        .map(|_| ())
-        .map_err(cuda_err(format!("launching {}", rec.name())))
-    };
-    let stream = dev.stream();
-    let most = p
-        .seqs()
-        .iter()
-        .map(|&(a, b)| (b - a).div_ceil(CHUNK))
-        .max()
-        .unwrap_or(0);
-    let windows = windows(tuning, most, io.final_state);
-    if windows <= 1 {
-        launch_intra(stream, &ip)?;
-        return launch_rec(stream, &rp);
-    }
-    // Window w: chunks w len .. (w + 1) len of every sequence. chunk_intra runs on the side
-    // stream, a window ahead; the recurrent kernel of window w waits for its chunk_intra and
-    // carries the state to the next window through final_state (read before written, tile by
-    // tile, as with h0 and final_state given as one buffer).
-    let len = most.div_ceil(windows);
-    let mut guard = dev.side()?;
-    let side = guard
-        .as_mut()
-        .ok_or_else(|| Error::CudaUnavailable("the side stream".into()))?;
-    side.start
-        .record(stream)
-        .map_err(cuda_err("recording an event"))?;
-    side.stream
-        .wait(&side.start)
-        .map_err(cuda_err("waiting for an event"))?;
-    for w in 0..windows {
-        let lo = (w * len) as i64;
-        launch_intra(
-            &side.stream,
-            &IntraParams {
-                chunks: (p.num_seqs() * len) as i64,
-                win_lo: lo,
-                win_len: len as i64,
-                ..ip
-            },
-        )?;
-        side.ready
-            .record(&side.stream)
-            .map_err(cuda_err("recording an event"))?;
+    let f = function(dev, rec, &cfg)?;
+    let shared = cfg.shared_bytes(rec);
+    let items = p.num_seqs() * hv * (p.dv() / cfg.vt);
+    // SAFETY: as for chunk_intra (both recurrent kernels take the same parameters).
+    unsafe {
         stream
-            .wait(&side.ready)
-            .map_err(cuda_err("waiting for an event"))?;
-        launch_rec(
-            stream,
-            &RecParams {
-                h0: if w == 0 { io.h0 } else { io.final_state },
-                win_lo: lo,
-                win_hi: lo + len as i64,
-                ..rp
-            },
-        )?;
+            .launch_builder(&f)
+            .arg(&rp)
+            .launch(grid(items, cfg.threads(rec), shared))
     }
+    .map_err(cuda_err(format!("launching {}", rec.name())))?;
     Ok(())
-}
-
-/// How many windows the forward runs in: [`Tuning::windows`], at most one per chunk of the
-/// longest sequence; one where there is no final state buffer to carry the state through.
-fn windows(tuning: &Tuning, most_chunks: usize, final_state: u64) -> usize {
-    if final_state == 0 {
-        return 1;
-    }
-    tuning.windows.unwrap_or(1).clamp(1, most_chunks.max(1))
 }
 
 /// [`forward`] on f32 device buffers (the [`crate::Backend`] path), allocating the outputs and

@@ -33,11 +33,6 @@ struct IntraParams {
     i64 chunks, h, hv;
     float scale, beta_mult, reset;
     int tiled, l2norm, gate_in_kernel, beta_is_logits;
-    // A window of chunks (win_len > 0): slot ci of the chunks = seqs * win_len slots is chunk
-    // win_lo + ci % win_len of sequence ci / win_len, if it has one. The forward runs in windows
-    // so that chunk_recurrent over one window overlaps this kernel over the next.
-    u64 seq_first_chunk;  // i64 [seqs + 1]
-    i64 win_lo, win_len;
 };
 
 __device__ __forceinline__ float softplus_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -74,14 +69,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
     const i64 hv = P.hv;
 
     BLOCK_LOOP(item, P.chunks * hv) {
-        const i64 slot = item / hv, j = item % hv;
-        i64 c = slot;
-        if (P.win_len > 0) {
-            const i64* __restrict__ seq_first_chunk = (const i64*)P.seq_first_chunk;
-            const i64 s = slot / P.win_len;
-            c = seq_first_chunk[s] + P.win_lo + slot % P.win_len;
-            if (c >= seq_first_chunk[s + 1]) continue;  // the whole block: item is uniform
-        }
+        const i64 c = item / hv, j = item % hv;
         const i64 kh = qk_head(j, P.h, hv, P.tiled);
         const i64 start = chunk_start[c];
         const int len = (int)chunk_len[c];

@@ -44,10 +44,6 @@ struct RecParams {
     u64 chunk_states;              // [chunks, HV, K, V] f32, or 0
     u64 chunk_start, chunk_len, seq_first_chunk;  // i64
     i64 seqs, h, hv;
-    // The window of chunks of each sequence this launch runs: its chunks win_lo .. win_hi - 1
-    // (clamped to its count), from h0 to final_state (the forward in windows passes one buffer
-    // as both after the first window).
-    i64 win_lo, win_hi;
     int tiled;
 };
 
@@ -126,9 +122,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
             const int r = e / VT, cc = e % VT;
             Hs[r * SV + cc] = h0 ? h0[(n * hv + j) * kv + (i64)r * DV + c0 + cc] : 0.0f;
         }
-        const i64 s0 = seq_first_chunk[n], count = seq_first_chunk[n + 1] - s0;
-        const i64 c_first = s0 + (P.win_lo < count ? P.win_lo : count);
-        const i64 c_end = s0 + (P.win_hi < count ? P.win_hi : count);
+        const i64 c_first = seq_first_chunk[n], c_end = seq_first_chunk[n + 1];
         if (c_first < c_end) issue(c_first, 0);
         for (i64 ci = c_first; ci < c_end; ++ci) {
             const i64 start = chunk_start[ci];

@@ -80,10 +80,6 @@ struct RecParams {
     u64 chunk_states;             // [chunks, HV, K, V] f32, or 0
     u64 chunk_start, chunk_len, seq_first_chunk;  // i64
     i64 seqs, h, hv;
-    // The window of chunks of each sequence this launch runs: its chunks win_lo .. win_hi - 1
-    // (clamped to its count), from h0 to final_state (the forward in windows passes one buffer
-    // as both after the first window).
-    i64 win_lo, win_hi;
     int tiled;
 };
 
@@ -243,9 +239,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         }
         __syncthreads();  // every warp is past the previous item's reads of the stage buffers
 
-        const i64 s0 = seq_first_chunk[n], count = seq_first_chunk[n + 1] - s0;
-        const i64 c_first = s0 + (P.win_lo < count ? P.win_lo : count);
-        const i64 c_end = s0 + (P.win_hi < count ? P.win_hi : count);
+        const i64 c_first = seq_first_chunk[n], c_end = seq_first_chunk[n + 1];
         if (c_first < c_end) issue(c_first, 0);
         for (i64 ci = c_first; ci < c_end; ++ci) {
             const i64 start = chunk_start[ci];
