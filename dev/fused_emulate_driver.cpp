@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
             }
         }
         for (size_t i = 0; i < v.size(); ++i) { v[i] = bf16((float)N01()); vf[i] = from_bf16(v[i]); }
-        for (auto& x : g) x = (float)(-std::log1p(std::exp(U(-5, 1))) * 0.5);
+        // Now and then a gate below the reset threshold (-40): a hard reset mid-chunk.
+        for (auto& x : g) x = U(0, 1) < 0.03 ? -50.0f : (float)(-std::log1p(std::exp(U(-5, 1))) * 0.5);
         for (auto& x : beta) x = (float)U(0, 1);
         const i64 kv = (i64)dk * dv;
         std::vector<float> h0(with_h0 ? seqs * hv * kv : 0);

@@ -65,6 +65,32 @@ static float __shfl_xor_sync(unsigned, float v, int m) {
     w.bar.arrive_and_wait();
     return r;
 }
+static float __shfl_up_sync(unsigned, float v, int d) {
+    Warp& w = *my_warp;
+    w.xf[my_lane] = v;
+    w.bar.arrive_and_wait();
+    const float r = my_lane >= d ? w.xf[my_lane - d] : v;
+    w.bar.arrive_and_wait();
+    return r;
+}
+static int __shfl_up_sync(unsigned, int v, int d) {
+    Warp& w = *my_warp;
+    w.xi[my_lane] = v;
+    w.bar.arrive_and_wait();
+    const int r = my_lane >= d ? w.xi[my_lane - d] : v;
+    w.bar.arrive_and_wait();
+    return r;
+}
+static unsigned __ballot_sync(unsigned, int p) {
+    Warp& w = *my_warp;
+    w.xi[my_lane] = p != 0;
+    w.bar.arrive_and_wait();
+    unsigned r = 0;
+    for (int l = 0; l < 32; ++l) r |= (unsigned)w.xi[l] << l;
+    w.bar.arrive_and_wait();
+    return r;
+}
+static int __popc(unsigned x) { return __builtin_popcount(x); }
 static int __reduce_min_sync(unsigned, int v) {
     Warp& w = *my_warp;
     w.xi[my_lane] = v;

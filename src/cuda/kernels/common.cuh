@@ -26,6 +26,15 @@ __device__ __forceinline__ void cumsum_step(float x, float reset, float& acc, fl
     resets += r ? 1.0f : 0.0f;
 }
 
+// (a, ae) += (b, be) for double-floats (value, collected error): the add's rounding error, by
+// TwoSum, joins the errors.
+__device__ __forceinline__ void two_sum_add(float& a, float& ae, float b, float be) {
+    const float s = a + b, bb = s - a;
+    const float e = (a - (s - bb)) + (b - bb);
+    a = s;
+    ae = (ae + be) + e;
+}
+
 // The within-chunk cumulative gate (see the Gamma doc in backend.rs), three [B, T, HV] arrays.
 struct GammaIn {
     const float* gamma;

@@ -96,50 +96,108 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-        // 2. gamma = cumsum(g), restarted after a hard reset; lo its TwoSum error (as cumsum.cu).
-        if (tid == 0) {
-            float acc = 0.0f, err = 0.0f, resets = 0.0f;
-            // Unrolled (rows past len are computed but not stored; cumsum_step has no branches)
-            // so that the loads of g are issued ahead: one thread runs it while the block waits.
+        // 2. gamma = cumsum(g), restarted after a hard reset, as a double-float (gam + lo) by a
+        //    segmented scan across warp 0 (lane l holds rows 2l, 2l + 1): log2(32) dependent
+        //    steps instead of 64. Each add is TwoSum'd, its error collected in lo, so gam + lo
+        //    is the sum to about 2^-46 whatever the order (cumsum.cu adds row by row; the decays
+        //    take differences of gam + lo, which agree to f32 rounding).
+        if (warp == 0) {
+            const float x0 = gam[2 * lane], x1 = gam[2 * lane + 1];
+            const bool r0 = x0 < P.reset, r1 = x1 < P.reset;
+            // The pair's own segment: a reset row contributes 0 and cuts what came before.
+            float v0 = r0 ? 0.0f : x0, e0 = 0.0f;
+            float v = v0, e = 0.0f;
+            if (r1) {
+                v = 0.0f;
+            } else {
+                two_sum_add(v, e, x1, 0.0f);
+            }
+            bool cut = r0 || r1;
+            // Inclusive scan of the pairs' (v, e, cut): a later segment that was cut keeps its own.
 #pragma unroll
-            for (int i = 0; i < C; ++i) {
-                cumsum_step(gam[i], P.reset, acc, err, resets);
-                if (i < len) {
-                    gam[i] = acc;
-                    lo[i] = err;
-                    seg[i] = resets;
+            for (int o = 1; o < 32; o <<= 1) {
+                const float pv = __shfl_up_sync(0xffffffffu, v, o);
+                const float pe = __shfl_up_sync(0xffffffffu, e, o);
+                const int pc = __shfl_up_sync(0xffffffffu, (int)cut, o);
+                if (lane >= o && !cut) {
+                    float a = pv, ae = pe;
+                    two_sum_add(a, ae, v, e);
+                    v = a;
+                    e = ae;
+                    cut = pc != 0;
                 }
             }
+            // Exclusive prefix of this lane's pair, then its two rows.
+            float pv = __shfl_up_sync(0xffffffffu, v, 1), pe = __shfl_up_sync(0xffffffffu, e, 1);
+            if (lane == 0) pv = pe = 0.0f;
+            float g0 = pv, l0 = pe;
+            if (r0) {
+                g0 = l0 = 0.0f;
+            } else {
+                two_sum_add(g0, l0, v0, e0);
+            }
+            float g1 = g0, l1 = l0;
+            if (r1) {
+                g1 = l1 = 0.0f;
+            } else {
+                two_sum_add(g1, l1, x1, 0.0f);
+            }
+            const unsigned m0 = __ballot_sync(0xffffffffu, r0), m1 = __ballot_sync(0xffffffffu, r1);
+            const unsigned below = (1u << lane) - 1u;
+            const float before = (float)(__popc(m0 & below) + __popc(m1 & below));
+            if (2 * lane < len) {
+                gam[2 * lane] = g0;
+                lo[2 * lane] = l0;
+                seg[2 * lane] = before + (r0 ? 1.0f : 0.0f);
+            }
+            if (2 * lane + 1 < len) {
+                gam[2 * lane + 1] = g1;
+                lo[2 * lane + 1] = l1;
+                seg[2 * lane + 1] = before + (r0 ? 1.0f : 0.0f) + (r1 ? 1.0f : 0.0f);
+            }
         }
-        // 3. Row norms of k and q on warps 1.. (warp 0 is busy with the cumsum), two rows (i
-        //    and i + NW) at a time so that their loads and shuffles overlap.
+        // 3. Row norms of k and q on warps 1.. (warp 0 scans the gate), by 16-byte loads: LPR
+        //    lanes per row, RPW rows a warp at a time. A non-finite k element is found by its
+        //    row's sum of squares (then checked element by element: a finite row whose squares
+        //    overflow is not marked). Without l2norm only k's sums are formed (for that check).
         {
+            constexpr int EV = 16 / (int)sizeof(in_t);                // elements a 16-byte load
+            constexpr int NV = DK / EV;                                // loads a row
+            constexpr int LPR = (NV & -NV) < 32 ? (NV & -NV) : 32;     // lanes a row: a power of 2
+            constexpr int VPL = NV / LPR;                              // loads a lane and row
+            constexpr int RPW = 32 / LPR;                              // rows a warp at a time
             constexpr int NW = THREADS / 32 - 1;
-            for (int i = warp - 1; warp > 0 && i < C; i += 2 * NW) {
-                float sk[2] = {0.0f, 0.0f}, sq[2] = {0.0f, 0.0f};
-                bool nonfinite[2] = {false, false};
+            const int sub = lane / LPR, part = lane % LPR;
+            for (int i0 = (warp - 1) * RPW; warp > 0 && i0 < C; i0 += NW * RPW) {
+                const int row = i0 + sub;  // RPW (a power of 2 up to 16) divides 64: row < C
+                float sk = 0.0f, sq = 0.0f;
 #pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const int row = i + u * NW;
-                    if (row < C) {
-                        for (int d = lane; d < DK; d += 32) {
-                            const float a = to_f(Ks[row * SK + d]), b = to_f(Qs[row * SK + d]);
-                            nonfinite[u] |= !isfinite(a);
-                            sk[u] = fmaf(a, a, sk[u]);
-                            sq[u] = fmaf(b, b, sq[u]);
-                        }
+                for (int u = 0; u < VPL; ++u) {
+                    const int d0 = (u * LPR + part) * EV;
+                    const uint4 wk = *(const uint4*)(Ks + row * SK + d0);
+                    const in_t* ek = (const in_t*)&wk;
+#pragma unroll
+                    for (int e = 0; e < EV; ++e) sk = fmaf(to_f(ek[e]), to_f(ek[e]), sk);
+                    if (P.l2norm) {
+                        const uint4 wq = *(const uint4*)(Qs + row * SK + d0);
+                        const in_t* eq = (const in_t*)&wq;
+#pragma unroll
+                        for (int e = 0; e < EV; ++e) sq = fmaf(to_f(eq[e]), to_f(eq[e]), sq);
                     }
                 }
 #pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const int row = i + u * NW;
-                    if (__any_sync(0xffffffffu, nonfinite[u]) && lane == 0) atomicMin(first_bad, row);
-                    sk[u] = warp_sum(sk[u]);
-                    sq[u] = warp_sum(sq[u]);
-                    if (lane == 0 && row < C) {
-                        rk[row] = P.l2norm ? 1.0f / sqrtf(sk[u] + 1e-6f) : 1.0f;
-                        rq[row] = P.l2norm ? 1.0f / sqrtf(sq[u] + 1e-6f) : 1.0f;
-                    }
+                for (int o = LPR / 2; o > 0; o >>= 1) {
+                    sk += __shfl_xor_sync(0xffffffffu, sk, o);
+                    if (P.l2norm) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+                }
+                if (!isfinite(sk)) {
+                    bool bad = false;
+                    for (int d = part; d < DK; d += LPR) bad |= !isfinite(to_f(Ks[row * SK + d]));
+                    if (bad) atomicMin(first_bad, row);
+                }
+                if (part == 0) {
+                    rk[row] = P.l2norm ? 1.0f / sqrtf(sk + 1e-6f) : 1.0f;
+                    rq[row] = P.l2norm ? 1.0f / sqrtf(sq + 1e-6f) : 1.0f;
                 }
             }
         }
