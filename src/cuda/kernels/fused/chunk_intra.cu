@@ -207,6 +207,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             dd[tid] = tid < lenf ? decay0(gam[tid], lo[tid], seg[tid]) : 0.0f;
             if (tid >= lenf) bet[tid] = 0.0f;
         }
+        // p's elements (r, l0) and (r, l0 + 1), as PIECES bf16 planes or f32.
+        auto store_p = [&](int r, int l0, const float (&pv)[2]) {
+#if PLANES
+            unsigned pc[3];
+            split3(pv[0], pv[1], pc[0], pc[1], pc[2]);
+            unsigned* dst = (unsigned*)((unsigned short*)P.p + ((start + r) * hv + j) * (PIECES * C) + l0);
+#pragma unroll
+            for (int i = 0; i < PIECES; ++i) dst[i * (C / 2)] = pc[i];
+#else
+            *(float2*)(pout + ((start + r) * hv + j) * C + l0) = make_float2(pv[0], pv[1]);
+#endif
+        };
         // 4. K K^T and Q K^T on the tensor cores: warp w owns rows 16 (w / 2) .., columns
         //    32 (w % 2) .. + 31 (four 16 x 8 tiles); tiles wholly above the diagonal stay zero.
         {
@@ -261,8 +273,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             }
             // Elements (e, e + 1) of a fragment are columns (l, l + 1) of one row: their column
             // values are float2 loads and p is stored in pairs (one 32-bit store per plane).
-#pragma unroll
-            for (int a = 0; a < 4; ++a) {
+            // Each 16 x 8 tile is wholly above the diagonal (zeros), wholly below it with every
+            // row valid (no test per element), or across it (a test per element, by selects);
+            // the choice is the same for the whole warp, so no element branches.
+            // (Inlined at each call with check a constant: two straight-line bodies.)
+            auto tile = [&](int a, bool check) {
                 const int l0 = cb + 8 * a + frag_col(0);
                 const float2 cg = *(const float2*)(gam + l0), cl = *(const float2*)(lo + l0);
                 const float2 cs = *(const float2*)(seg + l0), ck = *(const float2*)(rk + l0);
@@ -275,26 +290,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int l = l0 + h;
-                        float av = 0.0f;
-                        pv[h] = 0.0f;
-                        // Only the lower triangle of valid rows takes a decay (an exp).
-                        if (r < lenf && l <= r) {
-                            const float dec = decay(rg[i], rl[i], rs[i], colg[h], coll[h], cols[h]);
-                            av = ra[i] * colk[h] * sk[a][2 * i + h] * dec;
-                            pv[h] = rp[i] * colk[h] * sq[a][2 * i + h] * dec;
-                        }
-                        if (l < r) As[r * SA_ + l] = av;
+                        // decay(): the exp of the difference, zero across a reset.
+                        const float e = expf((rg[i] - colg[h]) + (rl[i] - coll[h]));
+                        const float dec = rs[i] == cols[h] ? e : 0.0f;
+                        const bool valid = !check || (r < lenf && l <= r);
+                        const float av = valid ? ra[i] * colk[h] * sk[a][2 * i + h] * dec : 0.0f;
+                        pv[h] = valid ? rp[i] * colk[h] * sq[a][2 * i + h] * dec : 0.0f;
+                        if (!check || l < r) As[r * SA_ + l] = av;
                     }
-                    if (r < len) {
-#if PLANES
-                        unsigned pc[3];
-                        split3(pv[0], pv[1], pc[0], pc[1], pc[2]);
-                        unsigned* dst = (unsigned*)((unsigned short*)P.p + ((start + r) * hv + j) * (PIECES * C) + l0);
+                    if (!check || r < len) store_p(r, l0, pv);
+                }
+            };
 #pragma unroll
-                        for (int i = 0; i < PIECES; ++i) dst[i * (C / 2)] = pc[i];
-#else
-                        *(float2*)(pout + ((start + r) * hv + j) * C + l0) = make_float2(pv[0], pv[1]);
-#endif
+            for (int a = 0; a < 4; ++a) {
+                if (cb + 8 * a + 7 < rb && rb + 16 <= lenf) {
+                    tile(a, false);
+                } else if (cb + 8 * a <= rb + 15) {
+                    tile(a, true);
+                } else {
+                    const int l0 = cb + 8 * a + frag_col(0);
+                    const float zero[2] = {0.0f, 0.0f};
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        const int r = rb + frag_row(2 * i);
+                        if (r < len) store_p(r, l0, zero);
                     }
                 }
             }
