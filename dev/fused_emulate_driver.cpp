@@ -114,8 +114,8 @@ int main(int argc, char** argv) {
                        (u64)cstart.data(), (u64)clen.data(), chunks, h, hv, scale, 1.0f, -40.0f,
                        tiled, l2, 0, 0};
         const long long sk = dk + 8;
-        const long long intra_smem = (2 * C * (C + 4) + 3 * 256 + 7 * C) * 4 + 16 + 2 * C * sk * 2 + 2 * C * C * 4;
-        if (chunks) cf.intra(&ip, chunks * h, intra_smem);
+        const long long intra_smem = (2 * C * (C + 4) + 3 * 256 + 7 * C) * 4 + 16 + 2 * C * sk * 2;
+        if (chunks) cf.intra(&ip, chunks * hv, intra_smem);
         RecParams rp{(u64)q.data(), (u64)k.data(), (u64)v.data(), (u64)a_inv.data(), (u64)pp.data(),
                      (u64)scal.data(), with_h0 ? (u64)h0.data() : 0, (u64)o.data(), (u64)fin.data(), 0,
                      (u64)cstart.data(), (u64)clen.data(), (u64)sfirst.data(), seqs, h, hv, tiled};

@@ -91,7 +91,6 @@ static unsigned __ballot_sync(unsigned, int p) {
     return r;
 }
 static int __popc(unsigned x) { return __builtin_popcount(x); }
-static int __ffs(int x) { return __builtin_ffs(x); }
 static int __reduce_min_sync(unsigned, int v) {
     Warp& w = *my_warp;
     w.xi[my_lane] = v;

@@ -197,11 +197,7 @@ impl Config {
         match kernel {
             // The 16 bytes: the first non-finite row's slot (and the rows' 16-byte alignment).
             // A_strict and A_inv share the memory of the staged q and k rows.
-            // Then the raw K K^T and Q K^T (two 64 x 64 f32, every value head of the q/k head
-            // reads them).
-            Kernel::ChunkIntra => {
-                (3 * 256 + 7 * CHUNK) * 4 + 16 + 2 * CHUNK * CHUNK * 4 + qk.max(2 * CHUNK * sc * 4)
-            }
+            Kernel::ChunkIntra => (3 * 256 + 7 * CHUNK) * 4 + 16 + qk.max(2 * CHUNK * sc * 4),
             Kernel::ChunkRecurrent => {
                 let sv = self.vt + 8;
                 let stage = qk + 2 * CHUNK * sc * 4 + CHUNK * sv * self.in_bytes() + CHUNK * 16;
@@ -783,7 +779,7 @@ pub(crate) fn forward_with_tables(
             stream
                 .launch_builder(&f)
                 .arg(&ip)
-                .launch(grid(chunks * p.heads(), THREADS, shared))
+                .launch(grid(chunks * hv, THREADS, shared))
         }
         .map_err(cuda_err("launching chunk_intra"))?;
     }

@@ -1,8 +1,7 @@
 // chunk_intra: everything of one chunk that does not need the state, one block of 256 threads
-// per (chunk, q/k head), taking in turn each value head that reads that q/k head (the rows, norms
-// and the K-wide products are formed once for them). Equals, for that chunk and value head:
-// l2norm (of q and k, as row scalings) + gate + cumsum + kkt + solve_tril, plus the masked,
-// decayed q k^T block of chunk_output, and the row scalings the recurrent kernel applies. It writes (per token row i, value head j):
+// per (chunk, value head). Equals, for that chunk: l2norm (of q and k, as row scalings) + gate +
+// cumsum + kkt + solve_tril, plus the masked, decayed q k^T block of chunk_output, and the row
+// scalings the recurrent kernel applies. It writes (per token row i, value head j):
 //   a_inv[i, :] = A_inv[i, :] diag(beta)          (64 f32; A_inv = (I + A_strict)^-1)
 //   p[i, :]     = scale rq_i (q_i . k_l) rk_l D_il for l <= i, else 0      (64 f32)
 //   scal[i]     = { d_i rk_i, scale rq_i d_i, rk_i D_last,i, d_i }          (4 f32)
@@ -38,8 +37,8 @@ struct IntraParams {
 
 __device__ __forceinline__ float softplus_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-// Three blocks per SM (the shared memory allows three): at most 85 registers a thread.
-extern "C" __global__ void __launch_bounds__(THREADS, 3) chunk_intra(const IntraParams P) {
+// Four blocks per SM: at most 64 registers a thread (the shared memory allows five).
+extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const IntraParams P) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     float* Tm = (float*)smem_raw;          // [3][16][16] block-row temporaries
     float* gam = Tm + 3 * 256;             // [C] each below
@@ -49,14 +48,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3) chunk_intra(const Intra
     float* rk = bet + C;
     float* rq = rk + C;
     float* dd = rq + C;
-    int* first_bad = (int*)(dd + C);       // [4]: k's first non-finite row; the gate's (masks)
-    // The raw K K^T and Q K^T of the chunk in each warp's fragment order (8 warps x 4 tiles x
-    // 32 lanes), read by every value head of the q/k head.
-    float4* rawk = (float4*)(first_bad + 4);
-    float4* rawq = rawk + 8 * 4 * 32;
+    int* first_bad = (int*)(dd + C);       // [4]: lenf in [0]
     // The staged q and k rows, and in the same memory once the products have read them (a
-    // barrier lies between), A_strict and A_inv.
-    in_t* Ks = (in_t*)(rawq + 8 * 4 * 32); // [C][SK]
+    // barrier lies between), A_strict and A_inv: half the shared memory, more blocks per SM.
+    in_t* Ks = (in_t*)(first_bad + 4);     // [C][SK]
     in_t* Qs = Ks + C * SK;                // [C][SK]
     float* As = (float*)Ks;                // [C][SA_] A_strict (strictly lower part)
     float* Xs = As + C * SA_;              // [C][SA_] A_inv (lower part)
@@ -73,21 +68,96 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3) chunk_intra(const Intra
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const i64 hv = P.hv;
 
-    BLOCK_LOOP(item, P.chunks * P.h) {
-        // One q/k head's chunk: its rows, norms and products once, then each value head that
-        // reads it (G = HV / H of them) in turn.
-        const i64 c = item / P.h, kh = item % P.h;
+    BLOCK_LOOP(item, P.chunks * hv) {
+        const i64 c = item / hv, j = item % hv;
+        const i64 kh = qk_head(j, P.h, hv, P.tiled);
         const i64 start = chunk_start[c];
         const int len = (int)chunk_len[c];
-        // The previous item read kbad into registers several barriers ago.
+        // The previous item read lenf into registers several barriers ago.
         if (tid == 0) *first_bad = len;
+        __syncthreads();
+        // 1. Gate and beta activations (as the gate stage), q and k rows.
+        if (tid < C) {
+            float ge = 0.0f, be = 0.0f;
+            if (tid < len) {
+                const i64 t = (start + tid) * hv + j;
+                const float x = g[t], b = beta[t];
+                ge = P.gate_in_kernel
+                         ? -expf(((const float*)P.a_log)[j]) * softplus_(x + ((const float*)P.dt_bias)[j])
+                         : x;
+                be = P.beta_is_logits ? P.beta_mult / (1.0f + expf(-b)) : b;
+                if (isnan(ge) || ge == __int_as_float(0x7f800000) || !isfinite(be)) atomicMin(first_bad, tid);
+            }
+            gam[tid] = ge;
+            bet[tid] = be;
+        }
         stage_rows_by<in_t, DK, THREADS>(Ks, SK, k + (start * P.h + kh) * DK, P.h * DK, len, tid);
         stage_rows_by<in_t, DK, THREADS>(Qs, SK, q + (start * P.h + kh) * DK, P.h * DK, len, tid);
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-        // 1. Row norms of k and q, by 16-byte loads: LPR lanes per row, RPW rows a warp at a
-        //    time. A non-finite k element is found by its
+        // 2. gamma = cumsum(g), restarted after a hard reset, as a double-float (gam + lo) by a
+        //    segmented scan across warp 0 (lane l holds rows 2l, 2l + 1): log2(32) dependent
+        //    steps instead of 64. Each add is TwoSum'd, its error collected in lo, so gam + lo
+        //    is the sum to about 2^-46 whatever the order (cumsum.cu adds row by row; the decays
+        //    take differences of gam + lo, which agree to f32 rounding).
+        if (warp == 0) {
+            const float x0 = gam[2 * lane], x1 = gam[2 * lane + 1];
+            const bool r0 = x0 < P.reset, r1 = x1 < P.reset;
+            // The pair's own segment: a reset row contributes 0 and cuts what came before.
+            float v0 = r0 ? 0.0f : x0, e0 = 0.0f;
+            float v = v0, e = 0.0f;
+            if (r1) {
+                v = 0.0f;
+            } else {
+                two_sum_add(v, e, x1, 0.0f);
+            }
+            bool cut = r0 || r1;
+            // Inclusive scan of the pairs' (v, e, cut): a later segment that was cut keeps its own.
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float pv = __shfl_up_sync(0xffffffffu, v, o);
+                const float pe = __shfl_up_sync(0xffffffffu, e, o);
+                const int pc = __shfl_up_sync(0xffffffffu, (int)cut, o);
+                if (lane >= o && !cut) {
+                    float a = pv, ae = pe;
+                    two_sum_add(a, ae, v, e);
+                    v = a;
+                    e = ae;
+                    cut = pc != 0;
+                }
+            }
+            // Exclusive prefix of this lane's pair, then its two rows.
+            float pv = __shfl_up_sync(0xffffffffu, v, 1), pe = __shfl_up_sync(0xffffffffu, e, 1);
+            if (lane == 0) pv = pe = 0.0f;
+            float g0 = pv, l0 = pe;
+            if (r0) {
+                g0 = l0 = 0.0f;
+            } else {
+                two_sum_add(g0, l0, v0, e0);
+            }
+            float g1 = g0, l1 = l0;
+            if (r1) {
+                g1 = l1 = 0.0f;
+            } else {
+                two_sum_add(g1, l1, x1, 0.0f);
+            }
+            const unsigned m0 = __ballot_sync(0xffffffffu, r0), m1 = __ballot_sync(0xffffffffu, r1);
+            const unsigned below = (1u << lane) - 1u;
+            const float before = (float)(__popc(m0 & below) + __popc(m1 & below));
+            if (2 * lane < len) {
+                gam[2 * lane] = g0;
+                lo[2 * lane] = l0;
+                seg[2 * lane] = before + (r0 ? 1.0f : 0.0f);
+            }
+            if (2 * lane + 1 < len) {
+                gam[2 * lane + 1] = g1;
+                lo[2 * lane + 1] = l1;
+                seg[2 * lane + 1] = before + (r0 ? 1.0f : 0.0f) + (r1 ? 1.0f : 0.0f);
+            }
+        }
+        // 3. Row norms of k and q on warps 1.. (warp 0 scans the gate), by 16-byte loads: LPR
+        //    lanes per row, RPW rows a warp at a time. A non-finite k element is found by its
         //    row's sum of squares (then checked element by element: a finite row whose squares
         //    overflow is not marked). Without l2norm only k's sums are formed (for that check).
         {
@@ -96,9 +166,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3) chunk_intra(const Intra
             constexpr int LPR = (NV & -NV) < 32 ? (NV & -NV) : 32;     // lanes a row: a power of 2
             constexpr int VPL = NV / LPR;                              // loads a lane and row
             constexpr int RPW = 32 / LPR;                              // rows a warp at a time
-            constexpr int NW = THREADS / 32;
+            constexpr int NW = THREADS / 32 - 1;
             const int sub = lane / LPR, part = lane % LPR;
-            for (int i0 = warp * RPW; i0 < C; i0 += NW * RPW) {
+            for (int i0 = (warp - 1) * RPW; warp > 0 && i0 < C; i0 += NW * RPW) {
                 const int row = i0 + sub;  // RPW (a power of 2 up to 16) divides 64: row < C
                 float sk = 0.0f, sq = 0.0f;
 #pragma unroll
@@ -131,11 +201,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3) chunk_intra(const Intra
                 }
             }
         }
-        // 2. K K^T and Q K^T on the tensor cores: warp w owns rows 16 (w / 2) .., columns
+        __syncthreads();
+        const int lenf = *first_bad;
+        if (tid < C) {
+            dd[tid] = tid < lenf ? decay0(gam[tid], lo[tid], seg[tid]) : 0.0f;
+            if (tid >= lenf) bet[tid] = 0.0f;
+        }
+        // p's elements (r, l0) and (r, l0 + 1), as PIECES bf16 planes or f32.
+        auto store_p = [&](int r, int l0, const float (&pv)[2]) {
+#if PLANES
+            unsigned pc[3];
+            split3(pv[0], pv[1], pc[0], pc[1], pc[2]);
+            unsigned* dst = (unsigned*)((unsigned short*)P.p + ((start + r) * hv + j) * (PIECES * C) + l0);
+#pragma unroll
+            for (int i = 0; i < PIECES; ++i) dst[i * (C / 2)] = pc[i];
+#else
+            *(float2*)(pout + ((start + r) * hv + j) * C + l0) = make_float2(pv[0], pv[1]);
+#endif
+        };
+        // 4. K K^T and Q K^T on the tensor cores: warp w owns rows 16 (w / 2) .., columns
         //    32 (w % 2) .. + 31 (four 16 x 8 tiles); tiles wholly above the diagonal stay zero.
-        //    Kept raw (the scalings are the value heads') in shared memory.
-        const int rb = (warp >> 1) * 16, cb = (warp & 1) * 32;
         {
+            const int rb = (warp >> 1) * 16, cb = (warp & 1) * 32;
             float sk[4][4], sq[4][4];
 #pragma unroll
             for (int a = 0; a < 4; ++a)
@@ -170,301 +257,178 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3) chunk_intra(const Intra
                     sq, [&](int m, int kk) { return to_f(Qs[(rb + m) * SK + kk]); }, kt);
 #endif
             }
+            __syncthreads();  // dd, gam of every row are visible below
+            // The thread's two rows (frag_row 0 and 8) and their scalings, held in registers:
+            // the stores to As below share the shared memory these are read from, so without
+            // this the compiler reloads them for every element.
+            float rg[2], rl[2], rs[2], ra[2], rp[2];
 #pragma unroll
-            for (int a = 0; a < 4; ++a) {
-                rawk[(warp * 4 + a) * 32 + lane] = make_float4(sk[a][0], sk[a][1], sk[a][2], sk[a][3]);
-                rawq[(warp * 4 + a) * 32 + lane] = make_float4(sq[a][0], sq[a][1], sq[a][2], sq[a][3]);
+            for (int i = 0; i < 2; ++i) {
+                const int r = rb + frag_row(2 * i);
+                rg[i] = gam[r];
+                rl[i] = lo[r];
+                rs[i] = seg[r];
+                ra[i] = bet[r] * rk[r];
+                rp[i] = P.scale * rq[r];
             }
-        }
-        __syncthreads();  // the products and norms are in; K and Q rows are read no more
-        const int kbad = *first_bad;
-        const i64 G = hv / P.h;
-        for (i64 gi = 0; gi < G; ++gi) {
-            const i64 j = P.tiled ? kh + gi * P.h : kh * G + gi;
-            // 3. Gate and beta activations (as the gate stage) of rows < 64 (warps 0 and 1),
-            //    and their first non-finite one (a mask per warp).
-            if (tid < C) {
-                float ge = 0.0f, be = 0.0f;
-                bool bad = false;
-                if (tid < len) {
-                    const i64 t = (start + tid) * hv + j;
-                    const float x = g[t], b = beta[t];
-                    ge = P.gate_in_kernel
-                             ? -expf(((const float*)P.a_log)[j]) * softplus_(x + ((const float*)P.dt_bias)[j])
-                             : x;
-                    be = P.beta_is_logits ? P.beta_mult / (1.0f + expf(-b)) : b;
-                    bad = isnan(ge) || ge == __int_as_float(0x7f800000) || !isfinite(be);
-                }
-                gam[tid] = ge;
-                bet[tid] = be;
-                const unsigned m = __ballot_sync(0xffffffffu, bad);
-                if (lane == 0) first_bad[1 + warp] = (int)m;
-            }
-            __syncthreads();
-            // 4. gamma = cumsum(g), restarted after a hard reset, as a double-float (gam + lo) by a
-            //    segmented scan across warp 0 (lane l holds rows 2l, 2l + 1): log2(32) dependent
-            //    steps instead of 64. Each add is TwoSum'd, its error collected in lo, so gam + lo
-            //    is the sum to about 2^-46 whatever the order (cumsum.cu adds row by row; the decays
-            //    take differences of gam + lo, which agree to f32 rounding).
-            if (warp == 0) {
-                const float x0 = gam[2 * lane], x1 = gam[2 * lane + 1];
-                const bool r0 = x0 < P.reset, r1 = x1 < P.reset;
-                // The pair's own segment: a reset row contributes 0 and cuts what came before.
-                float v0 = r0 ? 0.0f : x0, e0 = 0.0f;
-                float v = v0, e = 0.0f;
-                if (r1) {
-                    v = 0.0f;
-                } else {
-                    two_sum_add(v, e, x1, 0.0f);
-                }
-                bool cut = r0 || r1;
-                // Inclusive scan of the pairs' (v, e, cut): a later segment that was cut keeps its own.
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const float pv = __shfl_up_sync(0xffffffffu, v, o);
-                    const float pe = __shfl_up_sync(0xffffffffu, e, o);
-                    const int pc = __shfl_up_sync(0xffffffffu, (int)cut, o);
-                    if (lane >= o && !cut) {
-                        float a = pv, ae = pe;
-                        two_sum_add(a, ae, v, e);
-                        v = a;
-                        e = ae;
-                        cut = pc != 0;
-                    }
-                }
-                // Exclusive prefix of this lane's pair, then its two rows.
-                float pv = __shfl_up_sync(0xffffffffu, v, 1), pe = __shfl_up_sync(0xffffffffu, e, 1);
-                if (lane == 0) pv = pe = 0.0f;
-                float g0 = pv, l0 = pe;
-                if (r0) {
-                    g0 = l0 = 0.0f;
-                } else {
-                    two_sum_add(g0, l0, v0, e0);
-                }
-                float g1 = g0, l1 = l0;
-                if (r1) {
-                    g1 = l1 = 0.0f;
-                } else {
-                    two_sum_add(g1, l1, x1, 0.0f);
-                }
-                const unsigned m0 = __ballot_sync(0xffffffffu, r0), m1 = __ballot_sync(0xffffffffu, r1);
-                const unsigned below = (1u << lane) - 1u;
-                const float before = (float)(__popc(m0 & below) + __popc(m1 & below));
-                if (2 * lane < len) {
-                    gam[2 * lane] = g0;
-                    lo[2 * lane] = l0;
-                    seg[2 * lane] = before + (r0 ? 1.0f : 0.0f);
-                }
-                if (2 * lane + 1 < len) {
-                    gam[2 * lane + 1] = g1;
-                    lo[2 * lane + 1] = l1;
-                    seg[2 * lane + 1] = before + (r0 ? 1.0f : 0.0f) + (r1 ? 1.0f : 0.0f);
-                }
-            }
-            __syncthreads();
-            // lenf: the first row with a non-finite k, gate or beta.
-            const unsigned m0 = (unsigned)first_bad[1], m1 = (unsigned)first_bad[2];
-            const int gbad = m0 ? __ffs(m0) - 1 : m1 ? 32 + __ffs(m1) - 1 : len;
-            const int lenf = kbad < gbad ? kbad : gbad;
-            if (tid < C) {
-                dd[tid] = tid < lenf ? decay0(gam[tid], lo[tid], seg[tid]) : 0.0f;
-                if (tid >= lenf) bet[tid] = 0.0f;
-            }
-            // p's elements (r, l0) and (r, l0 + 1), as PIECES bf16 planes or f32.
-            auto store_p = [&](int r, int l0, const float (&pv)[2]) {
-#if PLANES
-                unsigned pc[3];
-                split3(pv[0], pv[1], pc[0], pc[1], pc[2]);
-                unsigned* dst = (unsigned*)((unsigned short*)P.p + ((start + r) * hv + j) * (PIECES * C) + l0);
-#pragma unroll
-                for (int i = 0; i < PIECES; ++i) dst[i * (C / 2)] = pc[i];
-#else
-                *(float2*)(pout + ((start + r) * hv + j) * C + l0) = make_float2(pv[0], pv[1]);
-#endif
-            };
-            __syncthreads();  // dd, gam, bet of every row are visible below
-            // 5. A_strict and p from the raw products: the row scalings, decays and masks.
-            {
-                float sk[4][4], sq[4][4];
-#pragma unroll
-                for (int a = 0; a < 4; ++a) {
-                    const float4 xk = rawk[(warp * 4 + a) * 32 + lane], xq = rawq[(warp * 4 + a) * 32 + lane];
-                    sk[a][0] = xk.x, sk[a][1] = xk.y, sk[a][2] = xk.z, sk[a][3] = xk.w;
-                    sq[a][0] = xq.x, sq[a][1] = xq.y, sq[a][2] = xq.z, sq[a][3] = xq.w;
-                }
-                // The thread's two rows (frag_row 0 and 8) and their scalings, held in registers:
-                // the stores to As below share the shared memory these are read from, so without
-                // this the compiler reloads them for every element.
-                float rg[2], rl[2], rs[2], ra[2], rp[2];
+            // Elements (e, e + 1) of a fragment are columns (l, l + 1) of one row: their column
+            // values are float2 loads and p is stored in pairs (one 32-bit store per plane).
+            // Each 16 x 8 tile is wholly above the diagonal (zeros), wholly below it with every
+            // row valid (no test per element), or across it (a test per element, by selects);
+            // the choice is the same for the whole warp, so no element branches.
+            // (Inlined at each call with check a constant: two straight-line bodies.)
+            auto tile = [&](int a, bool check) {
+                const int l0 = cb + 8 * a + frag_col(0);
+                const float2 cg = *(const float2*)(gam + l0), cl = *(const float2*)(lo + l0);
+                const float2 cs = *(const float2*)(seg + l0), ck = *(const float2*)(rk + l0);
+                const float colg[2] = {cg.x, cg.y}, coll[2] = {cl.x, cl.y};
+                const float cols[2] = {cs.x, cs.y}, colk[2] = {ck.x, ck.y};
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
                     const int r = rb + frag_row(2 * i);
-                    rg[i] = gam[r];
-                    rl[i] = lo[r];
-                    rs[i] = seg[r];
-                    ra[i] = bet[r] * rk[r];
-                    rp[i] = P.scale * rq[r];
+                    float pv[2];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int l = l0 + h;
+                        // decay(): the exp of the difference, zero across a reset.
+                        const float e = expf((rg[i] - colg[h]) + (rl[i] - coll[h]));
+                        const float dec = rs[i] == cols[h] ? e : 0.0f;
+                        const bool valid = !check || (r < lenf && l <= r);
+                        const float av = valid ? ra[i] * colk[h] * sk[a][2 * i + h] * dec : 0.0f;
+                        pv[h] = valid ? rp[i] * colk[h] * sq[a][2 * i + h] * dec : 0.0f;
+                        if (!check || l < r) As[r * SA_ + l] = av;
+                    }
+                    if (!check || r < len) store_p(r, l0, pv);
                 }
-                // Elements (e, e + 1) of a fragment are columns (l, l + 1) of one row: their column
-                // values are float2 loads and p is stored in pairs (one 32-bit store per plane).
-                // Each 16 x 8 tile is wholly above the diagonal (zeros), wholly below it with every
-                // row valid (no test per element), or across it (a test per element, by selects);
-                // the choice is the same for the whole warp, so no element branches.
-                // (Inlined at each call with check a constant: two straight-line bodies.)
-                auto tile = [&](int a, bool check) {
+            };
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                if (cb + 8 * a + 7 < rb && rb + 16 <= lenf) {
+                    tile(a, false);
+                } else if (cb + 8 * a <= rb + 15) {
+                    tile(a, true);
+                } else {
                     const int l0 = cb + 8 * a + frag_col(0);
-                    const float2 cg = *(const float2*)(gam + l0), cl = *(const float2*)(lo + l0);
-                    const float2 cs = *(const float2*)(seg + l0), ck = *(const float2*)(rk + l0);
-                    const float colg[2] = {cg.x, cg.y}, coll[2] = {cl.x, cl.y};
-                    const float cols[2] = {cs.x, cs.y}, colk[2] = {ck.x, ck.y};
+                    const float zero[2] = {0.0f, 0.0f};
 #pragma unroll
                     for (int i = 0; i < 2; ++i) {
                         const int r = rb + frag_row(2 * i);
-                        float pv[2];
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const int l = l0 + h;
-                            // decay(): the exp of the difference, zero across a reset.
-                            const float e = expf((rg[i] - colg[h]) + (rl[i] - coll[h]));
-                            const float dec = rs[i] == cols[h] ? e : 0.0f;
-                            const bool valid = !check || (r < lenf && l <= r);
-                            const float av = valid ? ra[i] * colk[h] * sk[a][2 * i + h] * dec : 0.0f;
-                            pv[h] = valid ? rp[i] * colk[h] * sq[a][2 * i + h] * dec : 0.0f;
-                            if (!check || l < r) As[r * SA_ + l] = av;
-                        }
-                        if (!check || r < len) store_p(r, l0, pv);
-                    }
-                };
-#pragma unroll
-                for (int a = 0; a < 4; ++a) {
-                    if (cb + 8 * a + 7 < rb && rb + 16 <= lenf) {
-                        tile(a, false);
-                    } else if (cb + 8 * a <= rb + 15) {
-                        tile(a, true);
-                    } else {
-                        const int l0 = cb + 8 * a + frag_col(0);
-                        const float zero[2] = {0.0f, 0.0f};
-#pragma unroll
-                        for (int i = 0; i < 2; ++i) {
-                            const int r = rb + frag_row(2 * i);
-                            if (r < len) store_p(r, l0, zero);
-                        }
+                        if (r < len) store_p(r, l0, zero);
                     }
                 }
             }
-            __syncthreads();
-            // 6. A_inv = (I + A_strict)^-1. Diagonal 16 x 16 blocks by forward substitution, one
-            //    thread per (block, column), column by column: once x[m] is final every later row
-            //    takes its term, so the chain is 16 FMAs deep instead of 120, and each row still
-            //    sums its terms in increasing m (the roundings of the row-by-row loop).
-            // Loops over compile-time bounds, masked per thread: their operands' loads are issued
-            // ahead and the index arithmetic folds into constant offsets.
-            if (tid < C) {
-                const int b0 = (tid >> 4) * 16, cc = tid & 15;
-                const float* Ab = As + b0 * SA_ + b0;
-                float x[16];
+        }
+        __syncthreads();
+        // 5. A_inv = (I + A_strict)^-1. Diagonal 16 x 16 blocks by forward substitution, one
+        //    thread per (block, column), column by column: once x[m] is final every later row
+        //    takes its term, so the chain is 16 FMAs deep instead of 120, and each row still
+        //    sums its terms in increasing m (the roundings of the row-by-row loop).
+        // Loops over compile-time bounds, masked per thread: their operands' loads are issued
+        // ahead and the index arithmetic folds into constant offsets.
+        if (tid < C) {
+            const int b0 = (tid >> 4) * 16, cc = tid & 15;
+            const float* Ab = As + b0 * SA_ + b0;
+            float x[16];
 #pragma unroll
-                for (int r = 0; r < 16; ++r) x[r] = r == cc ? 1.0f : 0.0f;
+            for (int r = 0; r < 16; ++r) x[r] = r == cc ? 1.0f : 0.0f;
 #pragma unroll
-                for (int m = 0; m < 15; ++m)
+            for (int m = 0; m < 15; ++m)
 #pragma unroll
-                    for (int r = m + 1; r < 16; ++r)
-                        if (m >= cc) x[r] = fmaf(-Ab[r * SA_ + m], x[m], x[r]);
-                // Every row, the zeros above the diagonal too (the block rows read them).
+                for (int r = m + 1; r < 16; ++r)
+                    if (m >= cc) x[r] = fmaf(-Ab[r * SA_ + m], x[m], x[r]);
+            // Every row, the zeros above the diagonal too (the block rows read them).
 #pragma unroll
-                for (int r = 0; r < 16; ++r) Xs[(b0 + r) * SA_ + b0 + cc] = x[r];
-            }
-            __syncthreads();
-            // Block row bi: X_{bi,bj} = -X_{bi,bi} sum_{bj <= bk < bi} A_{bi,bk} X_{bk,bj}. Thread
-            // (bj, r, c4) forms row r, columns 4 c4 .. 4 c4 + 3 of block bj < bi, by 16-byte
-            // loads (five for sixteen FMAs where the one-element form took two for one); each
-            // element sums in increasing m as before.
-            {
-                const int bj = tid >> 6, r = (tid >> 2) & 15, c0 = (tid & 3) * 4;
+            for (int r = 0; r < 16; ++r) Xs[(b0 + r) * SA_ + b0 + cc] = x[r];
+        }
+        __syncthreads();
+        // Block row bi: X_{bi,bj} = -X_{bi,bi} sum_{bj <= bk < bi} A_{bi,bk} X_{bk,bj}. Thread
+        // (bj, r, c4) forms row r, columns 4 c4 .. 4 c4 + 3 of block bj < bi, by 16-byte
+        // loads (five for sixteen FMAs where the one-element form took two for one); each
+        // element sums in increasing m as before.
+        {
+            const int bj = tid >> 6, r = (tid >> 2) & 15, c0 = (tid & 3) * 4;
 #pragma unroll
-                for (int bi = 1; bi < 4; ++bi) {
-                    if (bj < bi) {
-                        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        const float* arow = As + (bi * 16 + r) * SA_;
+            for (int bi = 1; bi < 4; ++bi) {
+                if (bj < bi) {
+                    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const float* arow = As + (bi * 16 + r) * SA_;
 #pragma unroll
-                        for (int m0 = 0; m0 < 48; m0 += 4) {
-                            if (m0 >= bj * 16 && m0 < bi * 16) {
-                                const float4 a4 = *(const float4*)(arow + m0);
-                                const float av[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-                                for (int u = 0; u < 4; ++u) {
-                                    const float4 x4 = *(const float4*)(Xs + (m0 + u) * SA_ + bj * 16 + c0);
-                                    x[0] = fmaf(av[u], x4.x, x[0]);
-                                    x[1] = fmaf(av[u], x4.y, x[1]);
-                                    x[2] = fmaf(av[u], x4.z, x[2]);
-                                    x[3] = fmaf(av[u], x4.w, x[3]);
-                                }
-                            }
-                        }
-                        *(float4*)(Tm + (bj << 8) + (r << 4) + c0) = make_float4(x[0], x[1], x[2], x[3]);
-                    }
-                    __syncthreads();
-                    if (bj < bi) {
-                        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        const float* xrow = Xs + (bi * 16 + r) * SA_ + bi * 16;
-#pragma unroll
-                        for (int m0 = 0; m0 < 16; m0 += 4) {
-                            const float4 a4 = *(const float4*)(xrow + m0);
+                    for (int m0 = 0; m0 < 48; m0 += 4) {
+                        if (m0 >= bj * 16 && m0 < bi * 16) {
+                            const float4 a4 = *(const float4*)(arow + m0);
                             const float av[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
                             for (int u = 0; u < 4; ++u) {
-                                if (m0 + u <= r) {
-                                    const float4 t4 = *(const float4*)(Tm + (bj << 8) + (m0 + u) * 16 + c0);
-                                    x[0] = fmaf(av[u], t4.x, x[0]);
-                                    x[1] = fmaf(av[u], t4.y, x[1]);
-                                    x[2] = fmaf(av[u], t4.z, x[2]);
-                                    x[3] = fmaf(av[u], t4.w, x[3]);
-                                }
+                                const float4 x4 = *(const float4*)(Xs + (m0 + u) * SA_ + bj * 16 + c0);
+                                x[0] = fmaf(av[u], x4.x, x[0]);
+                                x[1] = fmaf(av[u], x4.y, x[1]);
+                                x[2] = fmaf(av[u], x4.z, x[2]);
+                                x[3] = fmaf(av[u], x4.w, x[3]);
                             }
                         }
-                        *(float4*)(Xs + (bi * 16 + r) * SA_ + bj * 16 + c0) = make_float4(-x[0], -x[1], -x[2], -x[3]);
                     }
-                    __syncthreads();
+                    *(float4*)(Tm + (bj << 8) + (r << 4) + c0) = make_float4(x[0], x[1], x[2], x[3]);
                 }
+                __syncthreads();
+                if (bj < bi) {
+                    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const float* xrow = Xs + (bi * 16 + r) * SA_ + bi * 16;
+#pragma unroll
+                    for (int m0 = 0; m0 < 16; m0 += 4) {
+                        const float4 a4 = *(const float4*)(xrow + m0);
+                        const float av[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+                        for (int u = 0; u < 4; ++u) {
+                            if (m0 + u <= r) {
+                                const float4 t4 = *(const float4*)(Tm + (bj << 8) + (m0 + u) * 16 + c0);
+                                x[0] = fmaf(av[u], t4.x, x[0]);
+                                x[1] = fmaf(av[u], t4.y, x[1]);
+                                x[2] = fmaf(av[u], t4.z, x[2]);
+                                x[3] = fmaf(av[u], t4.w, x[3]);
+                            }
+                        }
+                    }
+                    *(float4*)(Xs + (bi * 16 + r) * SA_ + bj * 16 + c0) = make_float4(-x[0], -x[1], -x[2], -x[3]);
+                }
+                __syncthreads();
             }
-            // 7. a_inv diag(beta) and the row scalings, valid rows only (beta is 0 past len).
+        }
+        // 6. a_inv diag(beta) and the row scalings, valid rows only (beta is 0 past len).
 #if PLANES
-            // Eight consecutive columns of one row per thread: one 16-byte store per plane.
-            for (int e = tid; e < len * (C / 8); e += THREADS) {
-                const int r = e / (C / 8), l0 = (e % (C / 8)) * 8;
-                unsigned pc[3][4];
+        // Eight consecutive columns of one row per thread: one 16-byte store per plane.
+        for (int e = tid; e < len * (C / 8); e += THREADS) {
+            const int r = e / (C / 8), l0 = (e % (C / 8)) * 8;
+            unsigned pc[3][4];
 #pragma unroll
-                for (int h = 0; h < 4; ++h) {
-                    const int l = l0 + 2 * h;
-                    // A_inv is lower triangular; the blocks above the diagonal are never written.
-                    const float x0 = r < lenf && l <= r ? Xs[r * SA_ + l] * bet[l] : 0.0f;
-                    const float x1 = r < lenf && l + 1 <= r ? Xs[r * SA_ + l + 1] * bet[l + 1] : 0.0f;
-                    split3(x0, x1, pc[0][h], pc[1][h], pc[2][h]);
-                }
-                uint4* dst = (uint4*)((unsigned short*)P.a_inv + ((start + r) * hv + j) * (PIECES * C) + l0);
-#pragma unroll
-                for (int i = 0; i < PIECES; ++i) dst[i * (C / 8)] = make_uint4(pc[i][0], pc[i][1], pc[i][2], pc[i][3]);
+            for (int h = 0; h < 4; ++h) {
+                const int l = l0 + 2 * h;
+                // A_inv is lower triangular; the blocks above the diagonal are never written.
+                const float x0 = r < lenf && l <= r ? Xs[r * SA_ + l] * bet[l] : 0.0f;
+                const float x1 = r < lenf && l + 1 <= r ? Xs[r * SA_ + l + 1] * bet[l + 1] : 0.0f;
+                split3(x0, x1, pc[0][h], pc[1][h], pc[2][h]);
             }
+            uint4* dst = (uint4*)((unsigned short*)P.a_inv + ((start + r) * hv + j) * (PIECES * C) + l0);
+#pragma unroll
+            for (int i = 0; i < PIECES; ++i) dst[i * (C / 8)] = make_uint4(pc[i][0], pc[i][1], pc[i][2], pc[i][3]);
+        }
 #else
-            for (int e = tid; e < len * C; e += THREADS) {
-                const int r = e / C, l = e % C;
-                a_inv[((start + r) * hv + j) * C + l] = r < lenf && l <= r ? Xs[r * SA_ + l] * bet[l] : 0.0f;
-            }
+        for (int e = tid; e < len * C; e += THREADS) {
+            const int r = e / C, l = e % C;
+            a_inv[((start + r) * hv + j) * C + l] = r < lenf && l <= r ? Xs[r * SA_ + l] * bet[l] : 0.0f;
+        }
 #endif
-            if (tid < len) {
-                const int last = len - 1;
-                const float dl = decay(gam[last], lo[last], seg[last], gam[tid], lo[tid], seg[tid]);
-                float* s = scal + ((start + tid) * hv + j) * 4;
-                if (tid < lenf) {
-                    s[0] = dd[tid] * rk[tid];
-                    s[1] = P.scale * rq[tid] * dd[tid];
-                    s[2] = rk[tid] * dl;
-                    s[3] = dd[tid];
-                } else {
-                    s[0] = s[1] = s[2] = s[3] = __int_as_float(0x7fc00000);  // NaN: the row's mark
-                }
+        if (tid < len) {
+            const int last = len - 1;
+            const float dl = decay(gam[last], lo[last], seg[last], gam[tid], lo[tid], seg[tid]);
+            float* s = scal + ((start + tid) * hv + j) * 4;
+            if (tid < lenf) {
+                s[0] = dd[tid] * rk[tid];
+                s[1] = P.scale * rq[tid] * dd[tid];
+                s[2] = rk[tid] * dl;
+                s[3] = dd[tid];
+            } else {
+                s[0] = s[1] = s[2] = s[3] = __int_as_float(0x7fc00000);  // NaN: the row's mark
             }
-            __syncthreads();  // the next value head's rows overwrite what the stores read
         }
     }
 }
