@@ -65,21 +65,20 @@ static float __shfl_xor_sync(unsigned, float v, int m) {
     w.bar.arrive_and_wait();
     return r;
 }
-static float __shfl_up_sync(unsigned, float v, int d) {
+// Any 4-byte value (float or int), through the warp's int slots.
+template <class T>
+static T __shfl_up_sync(unsigned, T v, int d) {
+    static_assert(sizeof(T) == 4, "4-byte values only");
     Warp& w = *my_warp;
-    w.xf[my_lane] = v;
+    int b;
+    std::memcpy(&b, &v, 4);
+    w.xi[my_lane] = b;
     w.bar.arrive_and_wait();
-    const float r = my_lane >= d ? w.xf[my_lane - d] : v;
+    const int r = my_lane >= d ? w.xi[my_lane - d] : b;
     w.bar.arrive_and_wait();
-    return r;
-}
-static int __shfl_up_sync(unsigned, int v, int d) {
-    Warp& w = *my_warp;
-    w.xi[my_lane] = v;
-    w.bar.arrive_and_wait();
-    const int r = my_lane >= d ? w.xi[my_lane - d] : v;
-    w.bar.arrive_and_wait();
-    return r;
+    T out;
+    std::memcpy(&out, &r, 4);
+    return out;
 }
 static unsigned __ballot_sync(unsigned, int p) {
     Warp& w = *my_warp;
