@@ -30,7 +30,7 @@ struct RecParams {
     int tiled;
 };
 struct Conf {
-    int dk, dv, vt, split, ksplit;
+    int dk, dv, vt, split, ksplit, hbuf;
     void (*intra)(const void*, long long, long long);
     void (*rec)(const void*, long long, long long);
 };
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
                      (u64)cstart.data(), (u64)clen.data(), (u64)sfirst.data(), seqs, h, hv, tiled};
         const long long groups = cf.vt / 16;
         const long long stage = (2 * C * (dk + 8) + 2 * C * (3 * C + 8) + C * (cf.vt + 8)) * 2 + C * 16;
-        const long long rec_smem = 2 * stage + groups * dk * 16 * 4 + (cf.split ? groups * (C * 16 * 4 + 4) : 0) +
+        const long long rec_smem = 2 * stage + (1 + cf.hbuf) * groups * dk * 16 * 4 + (cf.split ? groups * (C * 16 * 4 + 4) : 0) +
                                    (cf.ksplit ? groups * 2 * C * 16 * 4 : 0);
         cf.rec(&rp, (long long)seqs * hv * (dv / cf.vt), rec_smem);
         // The float64 recurrence.
@@ -160,8 +160,8 @@ int main(int argc, char** argv) {
         const double eo = rel_l2(o, o_ref), es = rel_l2(fin, s_ref);
         const bool ok = eo <= 1e-5 && es <= 1e-5;
         failures += !ok;
-        printf("%s case %d: K=%d V=%d VT=%d split=%d ksplit=%d H=%d HV=%d seqs=%d T=%lld l2norm=%d tiled=%d h0=%d: o %.2e, final state %.2e\n",
-               ok ? "ok  " : "FAIL", c, dk, dv, cf.vt, cf.split, cf.ksplit, h, hv, seqs, (long long)T, l2, tiled, with_h0, eo, es);
+        printf("%s case %d: K=%d V=%d VT=%d split=%d ksplit=%d hbuf=%d H=%d HV=%d seqs=%d T=%lld l2norm=%d tiled=%d h0=%d: o %.2e, final state %.2e\n",
+               ok ? "ok  " : "FAIL", c, dk, dv, cf.vt, cf.split, cf.ksplit, cf.hbuf, h, hv, seqs, (long long)T, l2, tiled, with_h0, eo, es);
         fflush(stdout);
     }
     printf("%d/%d cases failed\n", failures, count);

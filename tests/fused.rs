@@ -99,6 +99,23 @@ fn tunings() -> Vec<fused::Tuning> {
             vt: Some(32),
             ..Tuning::default()
         },
+        Tuning {
+            regs: Some(true),
+            split: Some(true),
+            ksplit: Some(false),
+            hbuf: Some(true),
+            vt: Some(32),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            split: Some(true),
+            ksplit: Some(true),
+            hbuf: Some(true),
+            nbuf: Some(1),
+            vt: Some(32),
+            ..Tuning::default()
+        },
     ]
 }
 
@@ -413,5 +430,5 @@ fn fused_fast_precision_within_fla_error_or_skip_without_gpu() {
 /// recurrence: a check that needs no GPU.
 #[test]
 fn fused_kernel_source_runs_correctly_under_host_emulation() {
-    common::host_emulation_passes("fused_emulate.py", 5);
+    common::host_emulation_passes("fused_emulate.py", 12);
 }

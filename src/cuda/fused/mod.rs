@@ -126,6 +126,9 @@ pub struct Config {
     pub out: DType,
     /// With `split`: two state warps per 16 columns, each over half of K (`KSPLIT = 2`).
     pub ksplit: bool,
+    /// With `split`: the state in two shared-memory buffers (`HBUF = 2`), so that the state
+    /// warps' update need not wait for the output warps' Q H^T.
+    pub hbuf: bool,
 }
 
 impl Config {
@@ -134,7 +137,7 @@ impl Config {
         format!(
             "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
              #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n\
-             #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n",
+             #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n#define HBUF {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -148,6 +151,7 @@ impl Config {
             i32::from(self.split),
             dtype_code(self.out),
             if self.ksplit { 2 } else { 1 },
+            if self.hbuf { 2 } else { 1 },
         )
     }
 
@@ -221,7 +225,8 @@ impl Config {
                     } else {
                         0
                     };
-                self.nbuf * stage + groups * self.dk * 16 * 4 + split
+                let hbufs = if self.hbuf { 2 } else { 1 };
+                self.nbuf * stage + hbufs * groups * self.dk * 16 * 4 + split
             }
         }
     }
@@ -273,6 +278,7 @@ pub fn standard_configs() -> Vec<Config> {
         split: false,
         out: DType::F32,
         ksplit: false,
+        hbuf: false,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -317,6 +323,21 @@ pub fn standard_configs() -> Vec<Config> {
         split: true,
         ksplit: true,
         ..config(128, 128, 32, DType::BF16, 2, false)
+    });
+    // Two state buffers (fast: one piece; exact with the K split needs one stage buffer).
+    v.push(Config {
+        regs: true,
+        split: true,
+        pieces: 1,
+        hbuf: true,
+        ..config(128, 128, 32, DType::BF16, 2, false)
+    });
+    v.push(Config {
+        regs: true,
+        split: true,
+        ksplit: true,
+        hbuf: true,
+        ..config(128, 128, 32, DType::BF16, 1, false)
     });
     v
 }
@@ -392,12 +413,17 @@ pub struct Tuning {
     /// With the split kernel, two state warps per 16 columns over halves of K; by default on
     /// with three pieces (the exact precision) where K is a multiple of 32.
     pub ksplit: Option<bool>,
+    /// With the split kernel, the state in two shared-memory buffers (no wait of the state
+    /// warps for the output warps' Q H^T); off by default until measured, and ignored where
+    /// it does not fit beside the stage buffers.
+    pub hbuf: Option<bool>,
 }
 
 impl Tuning {
     /// From the environment: `DELTANET_FUSED_VT`, `DELTANET_FUSED_NBUF`,
     /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`, `DELTANET_FUSED_REGS=0|1`,
-    /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`.
+    /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`,
+    /// `DELTANET_FUSED_HBUF=0|1`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -416,6 +442,7 @@ impl Tuning {
             pieces: num("DELTANET_FUSED_PIECES"),
             split: flag("DELTANET_FUSED_SPLIT"),
             ksplit: flag("DELTANET_FUSED_KSPLIT"),
+            hbuf: flag("DELTANET_FUSED_HBUF"),
         }
     }
 }
@@ -457,6 +484,7 @@ fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &
         split: false,
         out: DType::F32,
         ksplit: false,
+        hbuf: false,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -539,6 +567,7 @@ fn regs_config(
         split,
         out: DType::F32,
         ksplit,
+        hbuf: false,
     };
     let max = dev.max_shared_per_block();
     if cfg.shared_bytes(Kernel::ChunkRecurrentRegs) > max {
@@ -546,6 +575,13 @@ fn regs_config(
     }
     while cfg.shared_bytes(Kernel::ChunkRecurrentRegs) > max && cfg.vt > 16 {
         cfg.vt /= 2;
+    }
+    // Two state buffers where asked for and they fit as the rest was chosen.
+    if split && tuning.hbuf == Some(true) {
+        let with = Config { hbuf: true, ..cfg };
+        if with.shared_bytes(Kernel::ChunkRecurrentRegs) <= max {
+            cfg = with;
+        }
     }
     (cfg.shared_bytes(Kernel::ChunkRecurrentRegs) <= max).then_some(cfg)
 }

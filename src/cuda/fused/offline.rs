@@ -133,9 +133,11 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
                 } else {
                     String::new()
                 },
-                match (cfg.split, cfg.ksplit) {
-                    (true, true) => "_split_ksplit",
-                    (true, false) => "_split",
+                match (cfg.split, cfg.ksplit, cfg.hbuf) {
+                    (true, true, false) => "_split_ksplit",
+                    (true, true, true) => "_split_ksplit_hbuf",
+                    (true, false, false) => "_split",
+                    (true, false, true) => "_split_hbuf",
                     _ => "",
                 },
                 if cfg.out == DType::F32 {

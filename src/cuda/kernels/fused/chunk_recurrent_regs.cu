@@ -45,6 +45,17 @@
 #if KSPLIT == 2 && DK % 32 != 0
 #error "KSPLIT = 2 needs K a multiple of 32 (halves of whole 16-row blocks)"
 #endif
+// HBUF = 2 (with SPLIT_OUT) keeps h in two shared-memory buffers, the update of chunk c writing
+// the one chunk c reads not: the state warps then need not wait (barrier 2) for the output warp
+// to finish Q H^T before they overwrite h, and the output warp's Q H^T overlaps their update.
+// Why: Nsight Compute (NOTES-GPU.md, call AN) put 18 % of the exact kernel's stall samples on
+// the state warps waiting at barrier 2.
+#ifndef HBUF
+#define HBUF 1
+#endif
+#if HBUF == 2 && !SPLIT_OUT
+#error "HBUF = 2 needs SPLIT_OUT"
+#endif
 #define GROUPS (VT / 16)  // 16-column groups, each with its state warps (and an output warp)
 #define THREADS (GROUPS * 32 * (KSPLIT + SPLIT_OUT))
 // With SPLIT_OUT the output warps alone stage the chunk's rows, off the state chain (every warp
@@ -184,18 +195,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
     const i64 hv = P.hv, tiles = DV / VT, kv = (i64)DK * DV;
     // Fragment element e of tile nb: row (state column) g + 8 (e >> 1), column 8 nb + 2t + (e & 1).
     const int cw = 16 * grp;
-    // This group's state slice (see hs below), after the stage buffers.
+    // This group's state slice (see hs below) in buffer 0 of HBUF, after the stage buffers.
     float4* hs_all = (float4*)(smem_raw + NBUF * stage_bytes());
-    float4* hs = hs_all + grp * (NDT * 32) + lane;
+    float4* const hs0 = hs_all + grp * (NDT * 32) + lane;
+    constexpr int HSTRIDE = GROUPS * NDT * 32;  // float4 a state buffer
 #if SPLIT_OUT
     // v_new^T of this group in fragment order, then the groups' first bad rows (lv).
-    float4* vx = hs_all + GROUPS * (NDT * 32) + grp * (NTT * 32) + lane;
+    float4* vx = hs_all + GROUPS * (HBUF * NDT * 32) + grp * (NTT * 32) + lane;
 #if KSPLIT == 2
     // The two state warps' halves of KH^T, then lv.
-    float4* px = hs_all + GROUPS * (NDT + NTT) * 32 + grp * (2 * NTT * 32) + lane;
-    int* lv_at = (int*)(hs_all + GROUPS * (NDT + 3 * NTT) * 32) + grp;
+    float4* px = hs_all + GROUPS * (HBUF * NDT + NTT) * 32 + grp * (2 * NTT * 32) + lane;
+    int* lv_at = (int*)(hs_all + GROUPS * (HBUF * NDT + 3 * NTT) * 32) + grp;
 #else
-    int* lv_at = (int*)(hs_all + GROUPS * (NDT + NTT) * 32) + grp;
+    int* lv_at = (int*)(hs_all + GROUPS * (HBUF * NDT + NTT) * 32) + grp;
 #endif
 #endif
 
@@ -235,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             float x[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) x[e] = h0 ? h0[sbase + state_at(nd, e)] : 0.0f;
-            hs[32 * nd] = make_float4(x[0], x[1], x[2], x[3]);
+            hs0[32 * nd] = make_float4(x[0], x[1], x[2], x[3]);
         }
         __syncthreads();  // every warp is past the previous item's reads of the stage buffers
 
@@ -253,6 +265,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             if (ci + 1 < c_end) issue(ci + 1, b ^ 1);
 #endif
             const Stage st = stage_at(smem_raw + b * stage_bytes());
+            // h entering the chunk, and where the update writes h leaving it.
+            const int hb = HBUF == 2 ? (int)((ci - c_first) & 1) : 0;
+            const float4* hs = hs0 + hb * HSTRIDE;
+            float4* hs_up = hs0 + (HBUF == 2 ? hb ^ 1 : 0) * HSTRIDE;
             const SmemRows Kr = smem_rows(st.K, SK), Qr = smem_rows(st.Q, SK);
             const SmemRows Xr = smem_rows(st.X, SPL), Pr = smem_rows(st.Pm, SPL);
             // The state entering the chunk, by the warp that reads h anyway (the output warp when
@@ -350,8 +366,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             }
 #if SPLIT_OUT
             // Barrier 1: v_new^T and lv are in shared memory (state warps arrive, output warps
-            // wait). Barrier 2: the output warps have read h (they arrive, state warps wait
-            // before the update overwrites it). Both count every thread of the block.
+            // wait). Barrier 2 (HBUF = 1): the output warps have read h (they arrive, state
+            // warps wait before the update overwrites it); with HBUF = 2 the update writes the
+            // other buffer, which the output warps last read before the chunk-top barrier.
             if (state_warp) {
                 if (half == 0) {
 #pragma unroll
@@ -359,11 +376,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     if (lane == 0) *lv_at = lv;
                     bar_arrive(1, GROUPS * 64);
                 }
+#if HBUF == 1
                 bar_sync(2, THREADS);
+#endif
             } else {
                 float qh[NTT][4];
                 output_qh(qh);
+#if HBUF == 1
                 bar_arrive(2, THREADS);
+#endif
                 bar_sync(1, GROUPS * 64);
 #pragma unroll
                 for (int a = 0; a < NTT; ++a) {
@@ -423,7 +444,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                             mma3(h[x + 1], aw[kb], bk[2], bk[3]);
                         }
 #pragma unroll
-                    for (int x = 0; x < UPD; ++x) hs[32 * (ndu + x)] = make_float4(h[x][0], h[x][1], h[x][2], h[x][3]);
+                    for (int x = 0; x < UPD; ++x) hs_up[32 * (ndu + x)] = make_float4(h[x][0], h[x][1], h[x][2], h[x][3]);
                 }
             }
 #if NBUF == 1
@@ -432,6 +453,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #endif
         }
         if (fin && state_warp) {
+            const float4* hs = hs0 + (HBUF == 2 ? (int)((c_end - c_first) & 1) : 0) * HSTRIDE;
 #pragma unroll
             for (int nd = nd0; nd < nd0 + NDH; ++nd)
 #pragma unroll
