@@ -21,5 +21,5 @@ for round in 1 2; do
 done 2>&1 | tee $R/hbuf.txt
 pack
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-DELTANET_FUSED_HBUF=1 run racecheck 70 $CS --tool racecheck --error-exitcode 9 ./deltanet selftest --device cuda --count 2
+run racecheck 70 env DELTANET_FUSED_HBUF=1 $CS --tool racecheck --error-exitcode 9 ./deltanet selftest --device cuda --count 2
 pack
