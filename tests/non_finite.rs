@@ -201,6 +201,18 @@ fn first_bad(p: &Problem, poison: &Poison) -> Vec<usize> {
         .collect()
 }
 
+/// The fused and staged paths round differently (the fused one never forms `w` and `u`): equal
+/// within the oracle's tolerance, relative to the larger norm.
+fn close(a: &[f32], b: &[f32]) -> bool {
+    let d: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
+        .sum();
+    let n: f64 = a.iter().chain(b).map(|&x| (x as f64).powi(2)).sum::<f64>() / 2.0;
+    a.len() == b.len() && d <= 1e-10 * n.max(f64::MIN_POSITIVE)
+}
+
 fn f32s(t: &Tensor<'_>) -> Vec<f32> {
     t.to_f32().into_owned()
 }
@@ -245,9 +257,9 @@ fn check(c: &Case, poison: &Poison, what: &str) -> (f64, f64) {
                 &o_clean[row.clone()],
                 "{what}: o of token {t}, value head {j} depends on a later token"
             );
-            assert_eq!(
-                fused, stage,
-                "{what}: fused and staged o differ at token {t}"
+            assert!(
+                close(fused, stage),
+                "{what}: fused and staged o differ at token {t}: {fused:?} vs {stage:?}"
             );
             for (&a, &r) in fused.iter().zip(&oracle.o[row]) {
                 err += (a as f64 - r) * (a as f64 - r);
@@ -279,10 +291,9 @@ fn check(c: &Case, poison: &Poison, what: &str) -> (f64, f64) {
                 fin_clean[at.clone()],
                 "{what}: final state"
             );
-            assert_eq!(
-                fin[at.clone()],
-                staged.final_state[at],
-                "{what}: final state"
+            assert!(
+                close(&fin[at.clone()], &staged.final_state[at]),
+                "{what}: final state, fused vs staged"
             );
         }
     }

@@ -140,9 +140,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, rng_seed: RngSeed::Fixed(0x5eed), ..ProptestConfig::default() })]
 
     /// The staged CPU path (each stage a separate pass over the whole problem) and the fused one
-    /// (used by `forward`) run the same arithmetic, so they agree bit for bit.
+    /// (used by `forward`, which never forms `w` and `u`) agree within the oracle's tolerance,
+    /// and are non-finite in the same places.
     #[test]
-    fn staged_and_fused_paths_agree_bitwise(spec in spec_strategy(200, 64)) {
+    fn staged_and_fused_paths_agree(spec in spec_strategy(200, 64)) {
         let (x, mut opts) = make_case(&spec);
         opts.output_chunk_states = true;
         let p = Problem::from_inputs(&x, &opts).unwrap();
@@ -150,8 +151,17 @@ proptest! {
         let si = deltanet::upload_inputs(&cpu, &p, &x, &opts).unwrap();
         let staged = deltanet::chunk_forward(&cpu, &p, &opts, &si).unwrap();
         let fused = deltanet::cpu::fused_forward(&x, &opts).unwrap();
-        prop_assert!(staged.o == fused.o, "o differs");
-        prop_assert!(staged.final_state == fused.final_state, "final state differs");
-        prop_assert!(staged.h == fused.h, "chunk states differ");
+        let pairs = [
+            ("o", &staged.o, &fused.o),
+            ("final state", &staged.final_state, &fused.final_state),
+            ("chunk states", staged.h.as_ref().unwrap(), fused.h.as_ref().unwrap()),
+        ];
+        for (name, s, f) in pairs {
+            prop_assert_eq!(s.len(), f.len(), "{} length", name);
+            let finite = |x: &[f32]| x.iter().map(|v| v.is_finite()).collect::<Vec<_>>();
+            prop_assert!(finite(s) == finite(f), "{} non-finite in other places", name);
+            let e = rel_l2(f, &widen(s));
+            prop_assert!(e <= TOL, "{} fused vs staged rel err {:e}", name, e);
+        }
     }
 }

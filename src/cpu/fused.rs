@@ -4,22 +4,25 @@
 //! time, the next chunk's rows prefetched while this one is computed. A task takes the value
 //! heads of one qk head together (they share q, k, `k k^T` and `q k^T`), or a tile of V's
 //! columns when there are more threads than heads. Nothing of size T is materialised except
-//! `o`, so memory stays near the inputs' size; results are bitwise those of the staged path.
+//! `o`, so memory stays near the inputs' size.
 //!
-//! Equals l2norm + gate + cumsum + kkt + solve_tril + wy + chunk_state + chunk_output.
+//! Equals l2norm + gate + cumsum + kkt + solve_tril + wy + chunk_state + chunk_output, up to
+//! rounding: `w` and `u` are never formed (see [`v_new_direct`]); every other block is the
+//! stages' own.
 
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::blocks::{causal_dots, gather_rows_with, prefetch, transpose, zeroed_output};
+use super::blocks::{
+    causal_dots, gather_rows_with, gemm, gemm_causal, prefetch, transpose, zeroed_output, Decays,
+};
 use super::stages::chunk_output::output_block;
-use super::stages::chunk_state::{advance_block, v_new_block};
+use super::stages::chunk_state::advance_block;
 use super::stages::cumsum::cumsum_block;
 use super::stages::gate::Activation;
 use super::stages::kkt::kkt_block;
 use super::stages::l2norm::l2norm_row;
 use super::stages::solve_tril::solve_tril_block;
-use super::stages::wy::wy_block;
 use crate::backend::StageInputs;
 use crate::dtype::{Data, Tensor};
 use crate::error::{check_len, Result};
@@ -274,8 +277,8 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
             // Chunk-sized work buffers, allocated once per task.
             let [mut q, mut k, mut v, mut g, mut beta] =
                 std::array::from_fn(|_| Vec::with_capacity(bt * dk.max(tw)));
-            let [mut kt, mut w] = std::array::from_fn(|_| vec![0f32; bt * dk]);
-            let [mut u, mut v_new, mut o_c] = std::array::from_fn(|_| vec![0f32; bt * tw]);
+            let mut kt = vec![0f32; bt * dk];
+            let [mut r, mut v_new, mut o_c] = std::array::from_fn(|_| vec![0f32; bt * tw]);
             let [mut kk, mut qk, mut a, mut a_inv, mut pairs, mut scratch] =
                 std::array::from_fn(|_| vec![0f32; bt * bt]);
             // The next chunk's rows are prefetched in `steps` parts spread over this chunk's
@@ -334,9 +337,8 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
                         &mut pairs[..len * len],
                         &mut scratch[..len * len],
                     );
-                    let (w, u, v_new, o_c) = (
-                        &mut w[..len * dk],
-                        &mut u[..len * tw],
+                    let (r, v_new, o_c) = (
+                        &mut r[..len * tw],
                         &mut v_new[..len * tw],
                         &mut o_c[..len * tw],
                     );
@@ -344,12 +346,11 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
                     d.pairs(pairs);
                     kkt_block(kk, &beta, pairs, a);
                     solve_tril_block(a, len, a_inv);
-                    wy_block(a_inv, &k, &v, &beta, &d, w, u);
                     prefetch_step();
                     if opts.output_chunk_states {
                         hs[jj].extend_from_slice(state);
                     }
-                    v_new_block(w, u, state, dk, tw, v_new);
+                    v_new_direct(a_inv, &k, &v, &beta, &d, state, r, v_new);
                     prefetch_step();
                     output_block(&q, qk, v_new, state, &d, pairs, scale, scratch, o_c);
                     for (i, row) in o_c.chunks_exact(tw).enumerate() {
@@ -399,8 +400,43 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
     Ok(ForwardOut { o, h, final_state })
 }
 
+/// `v_new = A_inv (beta (v - e^gamma K h))` for one chunk of one head: `k` is `n x K`, `v`, `r`
+/// (scratch) and `v_new` `n x V`, `state` (h) `K x V`. This equals the stages' `u - w h` with
+/// `w = A_inv (beta e^gamma K)` and `u = A_inv (beta v)` (wy, then chunk_state's v_new), with
+/// `A_inv` taken out of both: one `n x K x V` product and one triangular `n x n x V` one instead
+/// of the triangular `n x n x (K + V)` pair and the `n x K x V`, about a quarter fewer
+/// multiply-adds per chunk at K = V, and `w` never written. The GPU's fused kernels take the
+/// same form.
+#[allow(clippy::too_many_arguments)]
+fn v_new_direct(
+    a_inv: &[f32],
+    k: &[f32],
+    v: &[f32],
+    beta: &[f32],
+    d: &Decays,
+    state: &[f32],
+    r: &mut [f32],
+    v_new: &mut [f32],
+) {
+    let n = beta.len();
+    if n == 0 {
+        return;
+    }
+    let (dk, dv) = (k.len() / n, v.len() / n);
+    gemm(n, dk, dv, 1.0, k, false, state, false, 0.0, r);
+    for (l, (row, v_row)) in r.chunks_exact_mut(dv).zip(v.chunks_exact(dv)).enumerate() {
+        let (decay, b) = (d.decay0(l), beta[l]);
+        for (x, &vc) in row.iter_mut().zip(v_row) {
+            *x = b * (vc - decay * *x);
+        }
+    }
+    gemm_causal(n, dv, a_inv, r, 0.0, v_new);
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::stages::chunk_state::v_new_block;
+    use super::super::stages::wy::wy_block;
     use super::*;
 
     /// Times each block of one chunk on its own at the usual shape (chunk 64, K = V = 128):
@@ -463,6 +499,12 @@ mod tests {
         time("v_new", 2.0 * nf * kf * vf, &mut || {
             v_new_block(&w, &u, &state, dk, dv, &mut v_new)
         });
+        let mut r = vec![0f32; n * dv];
+        time(
+            "v_new_direct",
+            2.0 * nf * kf * vf + nf * nf * vf,
+            &mut || v_new_direct(&a_inv, &k, &v, &beta, &d, &state, &mut r, &mut v_new),
+        );
         time("output", 2.0 * nf * kf * vf + nf * nf * vf, &mut || {
             output_block(
                 &q,

@@ -39,8 +39,8 @@ pub(crate) fn token_step(t: &mut Token<'_, '_>) {
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 was just detected.
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: AVX2 and FMA were just detected.
             return unsafe { token_step_avx2(t) };
         }
     }
@@ -62,7 +62,7 @@ unsafe fn token_step_avx512(t: &mut Token<'_, '_>) {
 /// # Safety
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn token_step_avx2(t: &mut Token<'_, '_>) {
     token_step_plain::<64>(t)
 }
@@ -108,14 +108,11 @@ fn columns<const B: usize>(t: &mut Token<'_, '_>, c0: usize) -> usize {
             None => state[r],
         };
         for ((a, b), &s) in ka.iter_mut().zip(qa.iter_mut()).zip(&s_in[c0..c0 + B]) {
-            *a += kr * s;
-            *b += qr * s;
+            *a = kr.mul_add(s, *a);
+            *b = qr.mul_add(s, *b);
         }
     }
-    let mut kq = 0f32;
-    for (&kr, &qr) in k.iter().zip(q.iter()) {
-        kq += kr * qr;
-    }
+    let kq = dot_fma(k, q);
     let mut ub = [0f32; B];
     for (((ub, o), (&a, &b)), &vc) in ub
         .iter_mut()
@@ -123,8 +120,8 @@ fn columns<const B: usize>(t: &mut Token<'_, '_>, c0: usize) -> usize {
         .zip(ka.iter().zip(&qa))
         .zip(&v[c0..c0 + B])
     {
-        *ub = beta * (vc - decay * a);
-        *o = scale * (decay * b + *ub * kq);
+        *ub = beta * (-decay).mul_add(a, vc);
+        *o = scale * ub.mul_add(kq, decay * b);
     }
     u[c0..c0 + B].copy_from_slice(&ub);
     for (r, &kr) in k.iter().enumerate() {
@@ -135,17 +132,35 @@ fn columns<const B: usize>(t: &mut Token<'_, '_>, c0: usize) -> usize {
         match src {
             Some(src) => {
                 for ((out, &s), &uc) in row.iter_mut().zip(&src[r][c0..c0 + B]).zip(&ub) {
-                    *out = decay * s + kr * uc;
+                    *out = kr.mul_add(uc, decay * s);
                 }
             }
             None => {
                 for (out, &uc) in row.iter_mut().zip(&ub) {
-                    *out = decay * *out + kr * uc;
+                    *out = kr.mul_add(uc, decay * *out);
                 }
             }
         }
     }
     B
+}
+
+/// `a . b` by fused multiply-adds in eight interleaved sums (one chain would wait on each add's
+/// latency), combined in a fixed order.
+#[inline(always)]
+fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            acc[i] = x[i].mul_add(y[i], acc[i]);
+        }
+    }
+    for (i, (&x, &y)) in ar.iter().zip(br).enumerate() {
+        acc[i] = x.mul_add(y, acc[i]);
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
 /// Asks for the cache lines of `len` floats from `p` (a hint: no access, no fault).
