@@ -415,3 +415,36 @@ fn internal_errors_are_not_attributed_to_a_file() {
         "{err}"
     );
 }
+
+#[test]
+fn forward_into_checks_its_buffers() {
+    let x = good();
+    let opts = Options::default();
+    let p = deltanet::Problem::from_inputs(&x, &opts).unwrap();
+    let (n_o, n_s) = (
+        p.tokens() * p.v_heads() * p.dv(),
+        p.num_seqs() * p.v_heads() * p.state_len(),
+    );
+    let (mut o, mut s) = (vec![0f32; n_o], vec![0f32; n_s]);
+    deltanet::cpu::forward_into(&x, &opts, &mut o, &mut s).unwrap();
+    let mut short = vec![0f32; n_o - 1];
+    let arg_of = |e: Error| match e {
+        Error::Invalid { arg, .. } => arg,
+        other => panic!("unexpected error kind: {other:?}"),
+    };
+    let err = deltanet::cpu::forward_into(&x, &opts, &mut short, &mut s).unwrap_err();
+    assert!(
+        err.to_string().contains(&format!("{n_o} elements")),
+        "{err}"
+    );
+    assert_eq!(arg_of(err), "o");
+    let mut long = vec![0f32; n_s + 1];
+    let err = deltanet::cpu::forward_into(&x, &opts, &mut o, &mut long).unwrap_err();
+    assert_eq!(arg_of(err), "final_state");
+    let with_h = Options {
+        output_chunk_states: true,
+        ..Options::default()
+    };
+    let err = deltanet::cpu::forward_into(&x, &with_h, &mut o, &mut s).unwrap_err();
+    assert_eq!(arg_of(err), "opts.output_chunk_states");
+}

@@ -44,6 +44,21 @@ proptest! {
         prop_assert!(es <= TOL, "state rel err {:e}", es);
     }
 
+    /// `cpu::forward_into` writes every element of the caller's buffers (poisoned first), the
+    /// same bits as the allocating fused forward.
+    #[test]
+    fn forward_into_fills_the_callers_buffers(spec in spec_strategy(200, 64)) {
+        let (x, opts) = make_case(&spec);
+        let p = Problem::from_inputs(&x, &opts).unwrap();
+        let fused = deltanet::cpu::fused_forward(&x, &opts).unwrap();
+        let mut o = vec![f32::NAN; p.tokens() * p.v_heads() * p.dv()];
+        let mut fin = vec![f32::NAN; p.num_seqs() * p.v_heads() * p.state_len()];
+        deltanet::cpu::forward_into(&x, &opts, &mut o, &mut fin).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        prop_assert!(bits(&o) == bits(&fused.o), "o differs");
+        prop_assert!(bits(&fin) == bits(&fused.final_state), "final state differs");
+    }
+
     /// Prefill of T tokens, then r recurrent steps of one token, equals prefill of T + r.
     #[test]
     fn prefill_then_decode_equals_longer_prefill(mut spec in spec_strategy(150, 64), r in 1..=4usize) {

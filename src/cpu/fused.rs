@@ -158,6 +158,65 @@ pub fn fused_forward(x: &Inputs<'_>, opts: &Options) -> Result<FusedOut> {
 /// The fused forward on host inputs already validated into `p` with the same `opts`, read in
 /// place in their own dtype.
 pub(crate) fn fused_host(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<FusedOut> {
+    on_host(p, x, opts, |src| fused(p, opts, src))
+}
+
+/// The fused forward into the caller's buffers, as an engine calls it: `o` `[B, T, HV, V]` and
+/// `final_state` `[N, HV, K, V]` (K-major whatever `state_v_first` says), both f32; every
+/// element of both is written. Nothing of the size of T is allocated, so a caller that keeps
+/// its buffers across calls pays no page faults for a fresh `o` (for a large `o`, the kernel's
+/// zeroing of new pages costs about a tenth of the forward). `x` is read in place in its own
+/// dtype and validated against `opts` as [`crate::forward`] does; the chunk states are not
+/// written here (`output_chunk_states` is refused: [`fused_forward`] returns them).
+///
+/// ```
+/// use deltanet::{Inputs, Options, Tensor};
+/// let (t, h, hv, k, v) = (70, 1, 2, 16, 8);
+/// let wave = |n: usize, a: f32| (0..n).map(|i| (i as f32 * a).sin()).collect::<Vec<f32>>();
+/// let x = Inputs::new(
+///     Tensor::from_f32(wave(t * h * k, 0.37), vec![1, t, h, k])?,
+///     Tensor::from_f32(wave(t * h * k, 0.53), vec![1, t, h, k])?,
+///     Tensor::from_f32(wave(t * hv * v, 0.71), vec![1, t, hv, v])?,
+///     Tensor::from_f32(vec![-0.1; t * hv], vec![1, t, hv])?,
+///     Tensor::from_f32(vec![0.5; t * hv], vec![1, t, hv])?,
+/// );
+/// let opts = Options { use_qk_l2norm: true, ..Options::default() };
+/// // Buffers an engine keeps from call to call.
+/// let (mut o, mut state) = (vec![0f32; t * hv * v], vec![0f32; hv * k * v]);
+/// deltanet::cpu::forward_into(&x, &opts, &mut o, &mut state)?;
+/// let same = deltanet::cpu::fused_forward(&x, &opts)?;
+/// assert_eq!(o, same.o);
+/// assert_eq!(state, same.final_state);
+/// # Ok::<(), deltanet::Error>(())
+/// ```
+pub fn forward_into(
+    x: &Inputs<'_>,
+    opts: &Options,
+    o: &mut [f32],
+    final_state: &mut [f32],
+) -> Result<()> {
+    if opts.output_chunk_states {
+        return Err(crate::error::Error::invalid(
+            "opts.output_chunk_states",
+            "false (forward_into writes o and the final state only)",
+            "true",
+        ));
+    }
+    let p = Problem::from_inputs(x, opts)?;
+    let (hv, kv) = (p.v_heads(), p.state_len());
+    check_len("o", o.len(), p.tokens() * hv * p.dv())?;
+    check_len("final_state", final_state.len(), p.num_seqs() * hv * kv)?;
+    on_host(&p, x, opts, |src| fused_into(&p, opts, src, o, final_state)).map(|_| ())
+}
+
+/// Runs `f` on the [`Sources`] of host inputs: the token tensors in place, the small per-head
+/// tensors and the initial state as f32 (K-major).
+fn on_host<T>(
+    p: &Problem,
+    x: &Inputs<'_>,
+    opts: &Options,
+    f: impl FnOnce(&Sources<'_, Tensor<'_>>) -> Result<T>,
+) -> Result<T> {
     let (a_log, dt_bias) = (
         x.a_log.as_ref().map(|t| t.to_f32()),
         x.dt_bias.as_ref().map(|t| t.to_f32()),
@@ -175,7 +234,7 @@ pub(crate) fn fused_host(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<
         tokens,
         [h0.as_deref(), a_log.as_deref(), dt_bias.as_deref()],
     );
-    fused(p, opts, &src)
+    f(&src)
 }
 
 /// The fused forward on f32 buffers (states K-major): the CPU's [`crate::Backend::forward`].
@@ -193,6 +252,21 @@ pub(crate) fn fused_staged(
 }
 
 fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Result<FusedOut> {
+    let mut o = zeroed_output(p.tokens() * p.v_heads() * p.dv());
+    let mut final_state = vec![0f32; p.num_seqs() * p.v_heads() * p.state_len()];
+    let h = fused_into(p, opts, x, &mut o, &mut final_state)?;
+    Ok(ForwardOut { o, h, final_state })
+}
+
+/// [`fused`] into `o` and `final_state` (of the problem's sizes); returns the chunk states where
+/// `opts` asks for them.
+fn fused_into<R: ChunkRows>(
+    p: &Problem,
+    opts: &Options,
+    x: &Sources<'_, R>,
+    o: &mut [f32],
+    final_state: &mut [f32],
+) -> Result<Option<Vec<f32>>> {
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let kv = p.state_len();
     let scale = opts.scale_for(dk);
@@ -241,7 +315,8 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
     let state_rows =
         move |at: usize, c0: usize| (0..dk).map(move |r| at + r * dv + c0..at + r * dv + c0 + tw);
 
-    let mut o = zeroed_output(p.tokens() * hv * dv);
+    check_len("o", o.len(), p.tokens() * hv * dv)?;
+    check_len("final_state", final_state.len(), p.num_seqs() * hv * kv)?;
     let out = SharedOut(o.as_mut_ptr());
     let bt = p.chunk_size();
     let results: Vec<Vec<TaskState>> = tasks
@@ -378,7 +453,6 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
         })
         .collect();
 
-    let mut final_state = vec![0f32; p.num_seqs() * hv * kv];
     let mut h = opts
         .output_chunk_states
         .then(|| vec![0f32; p.chunks().len() * hv * kv]);
@@ -397,7 +471,7 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
             }
         }
     }
-    Ok(ForwardOut { o, h, final_state })
+    Ok(h)
 }
 
 /// `v_new = A_inv (beta (v - e^gamma K h))` for one chunk of one head: `k` is `n x K`, `v`, `r`

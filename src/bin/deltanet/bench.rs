@@ -467,10 +467,14 @@ fn bench_on<D: HostIo>(
         if works.contains(&Work::Prefill) {
             let times = match gpu {
                 Some(d) => prefill_engine(d, a, bar, &p, &x, opts)?,
+                // The CPU as an engine calls it: into buffers kept from call to call, the
+                // inputs read in place (as llama.cpp's op is timed, with its graph allocated).
                 None => {
-                    let s = upload_inputs(dev, &p, &x, opts)?;
+                    let kv = p.dk() * p.dv();
+                    let mut o = vec![0f32; p.tokens() * hv * p.dv()];
+                    let mut fin = vec![0f32; p.num_seqs() * hv * kv];
                     time_n(dev, a, bar, "prefill", &mut || {
-                        dev.forward(&p, opts, &s).map(|_| ())
+                        deltanet::cpu::forward_into(&x, opts, &mut o, &mut fin)
                     })?
                 }
             };
