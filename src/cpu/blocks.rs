@@ -352,6 +352,50 @@ pub(crate) fn zeroed_output(len: usize) -> Vec<f32> {
     v
 }
 
+/// Writes rows of a large output that no later step of the forward reads (`o`): by
+/// non-temporal stores where the CPU has AVX-512 (no read for ownership of each line, and the
+/// working set stays in the caches), else by plain copies. [`RowWriter::finish`] makes the
+/// stores visible to other threads.
+#[derive(Clone, Copy)]
+pub(crate) struct RowWriter {
+    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+    streaming: bool,
+}
+
+impl RowWriter {
+    pub(crate) fn new() -> Self {
+        RowWriter {
+            #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+            streaming: super::kernel::have_avx512(),
+        }
+    }
+
+    /// Copies `src` to `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `src.len()` writes, overlapping neither `src` nor memory another
+    /// thread uses before [`RowWriter::finish`].
+    #[inline]
+    pub(crate) unsafe fn write(&self, src: &[f32], dst: *mut f32) {
+        #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+        if self.streaming {
+            // SAFETY: AVX-512F was detected in `new`; the caller vouches for `dst`.
+            return unsafe { super::kernel::copy_streaming(src.as_ptr(), dst, src.len()) };
+        }
+        // SAFETY: as above.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) }
+    }
+
+    /// Orders every write before the caller's later stores (and so before another thread sees
+    /// the task finished).
+    pub(crate) fn finish(&self) {
+        #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+        if self.streaming {
+            super::kernel::store_fence();
+        }
+    }
+}
+
 /// Asks the CPU to start loading the bytes `x[first..first + len]` into its caches: the rows of
 /// the next chunk are fetched while this one is computed. A hint only, with no effect on results.
 #[inline]

@@ -15,6 +15,7 @@ use rayon::prelude::*;
 
 use super::blocks::{
     causal_dots, gather_rows_with, gemm, gemm_causal, prefetch, transpose, zeroed_output, Decays,
+    RowWriter,
 };
 use super::stages::chunk_output::output_block;
 use super::stages::chunk_state::advance_block;
@@ -318,6 +319,7 @@ fn fused_into<R: ChunkRows>(
     check_len("o", o.len(), p.tokens() * hv * dv)?;
     check_len("final_state", final_state.len(), p.num_seqs() * hv * kv)?;
     let out = SharedOut(o.as_mut_ptr());
+    let writer = RowWriter::new();
     let bt = p.chunk_size();
     let results: Vec<Vec<TaskState>> = tasks
         .par_iter()
@@ -434,17 +436,14 @@ fn fused_into<R: ChunkRows>(
                         // this task alone: tasks are disjoint sets of (sequence, value head,
                         // columns), and a sequence's chunks hold its tokens only.
                         unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                row.as_ptr(),
-                                out.0.add(((c.start + i) * hv + j) * dv + c0),
-                                tw,
-                            );
+                            writer.write(row, out.0.add(((c.start + i) * hv + j) * dv + c0));
                         }
                     }
                     prefetch_step();
                     advance_block(&k, v_new, &d, dk, tw, state);
                 }
             }
+            writer.finish();
             js.iter()
                 .zip(states)
                 .zip(hs)

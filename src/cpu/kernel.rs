@@ -307,6 +307,33 @@ pub(crate) unsafe fn solve_tril_avx512(a: &[f32], n: usize, a_inv: &mut [f32]) {
     }
 }
 
+/// Copies `len` floats from `src` to `dst`, the 64-byte-aligned part of `dst` by non-temporal
+/// stores (no read for ownership of lines written whole, no eviction of the working set), the
+/// rest by plain stores. Non-temporal stores are weakly ordered: the caller runs
+/// [`store_fence`] before another thread may read what they wrote.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `src` must be valid for `len` reads and `dst` for `len`
+/// writes, the two not overlapping.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn copy_streaming(src: *const f32, dst: *mut f32, len: usize) {
+    let lead = dst.align_offset(64).min(len);
+    std::ptr::copy_nonoverlapping(src, dst, lead);
+    let mut i = lead;
+    while i + 16 <= len {
+        _mm512_stream_ps(dst.add(i), _mm512_loadu_ps(src.add(i)));
+        i += 16;
+    }
+    std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i);
+}
+
+/// Orders the non-temporal stores of [`copy_streaming`] before every later store (`sfence`).
+#[inline]
+pub(crate) fn store_fence() {
+    // SAFETY: `sfence` is part of SSE, which every x86_64 CPU has; it only orders stores.
+    unsafe { _mm_sfence() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
