@@ -156,7 +156,8 @@ pub trait Backend {
     ) -> Result<Self::Buf>;
 
     /// The whole chunked forward. By default the stages one after the other
-    /// ([`crate::chunk_forward`]); a device may run them fused, with the same results.
+    /// ([`crate::chunk_forward`]); a device may run them fused, with the same results up to
+    /// rounding.
     fn forward(
         &self,
         p: &Problem,

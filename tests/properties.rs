@@ -45,7 +45,7 @@ proptest! {
     }
 
     /// `cpu::forward_into` writes every element of the caller's buffers (poisoned first), the
-    /// same bits as the allocating fused forward.
+    /// same bits as the allocating fused forward (the state in the layout the options name).
     #[test]
     fn forward_into_fills_the_callers_buffers(spec in spec_strategy(200, 64)) {
         let (x, opts) = make_case(&spec);
@@ -56,7 +56,19 @@ proptest! {
         deltanet::cpu::forward_into(&x, &opts, &mut o, &mut fin).unwrap();
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         prop_assert!(bits(&o) == bits(&fused.o), "o differs");
-        prop_assert!(bits(&fin) == bits(&fused.final_state), "final state differs");
+        // `fused_forward`'s state is K-major; `forward_into` writes `state_v_first`'s layout.
+        let (dk, dv) = (p.dk(), p.dv());
+        let mut want = fused.final_state.clone();
+        if opts.state_v_first {
+            for (w, s) in want.chunks_exact_mut(dk * dv).zip(fused.final_state.chunks_exact(dk * dv)) {
+                for r in 0..dk {
+                    for c in 0..dv {
+                        w[c * dk + r] = s[r * dv + c];
+                    }
+                }
+            }
+        }
+        prop_assert!(bits(&fin) == bits(&want), "final state differs");
     }
 
     /// Prefill of T tokens, then r recurrent steps of one token, equals prefill of T + r.
@@ -155,8 +167,9 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, rng_seed: RngSeed::Fixed(0x5eed), ..ProptestConfig::default() })]
 
     /// The staged CPU path (each stage a separate pass over the whole problem) and the fused one
-    /// (used by `forward`, which never forms `w` and `u`) agree within the oracle's tolerance,
-    /// and are non-finite in the same places.
+    /// (used by `forward`, which never forms `w` and `u`) differ only by rounding: within 1e-6,
+    /// a fifth of the oracle's bound (both measure about 2e-7 here). Non-finite inputs are
+    /// compared in tests/non_finite.rs.
     #[test]
     fn staged_and_fused_paths_agree(spec in spec_strategy(200, 64)) {
         let (x, mut opts) = make_case(&spec);
@@ -173,10 +186,62 @@ proptest! {
         ];
         for (name, s, f) in pairs {
             prop_assert_eq!(s.len(), f.len(), "{} length", name);
-            let finite = |x: &[f32]| x.iter().map(|v| v.is_finite()).collect::<Vec<_>>();
-            prop_assert!(finite(s) == finite(f), "{} non-finite in other places", name);
             let e = rel_l2(f, &widen(s));
-            prop_assert!(e <= TOL, "{} fused vs staged rel err {:e}", name, e);
+            prop_assert!(e <= 1e-6, "{} fused vs staged rel err {:e}", name, e);
+        }
+    }
+}
+
+/// `cpu::forward_into` in pools of 1, 8 and 16 threads (V split into tiles), into an `o` that
+/// starts one float past an aligned address (rows end in partial cache lines) and a state in
+/// either layout: every element written, the same bits as `forward`.
+#[test]
+fn forward_into_in_pools_with_an_unaligned_o_and_both_state_layouts() {
+    let spec = common::Spec {
+        b: 1,
+        t: 200,
+        h: 1,
+        ratio: 2,
+        k: 32,
+        v: 64,
+        chunk_size: 32,
+        varlen: false,
+        dtype: deltanet::DType::F32,
+        seed: 3,
+        flags: 0b1_1000_0001,
+    };
+    for v_first in [false, true] {
+        // Flag 4: `state_v_first`, the initial state drawn in that layout.
+        let spec = common::Spec {
+            flags: spec.flags | (u16::from(v_first) << 4),
+            ..spec.clone()
+        };
+        let (x, mut opts) = make_case(&spec);
+        assert_eq!(opts.state_v_first, v_first);
+        opts.output_final_state = true;
+        let p = Problem::from_inputs(&x, &opts).unwrap();
+        let want = forward(&Device::Cpu, &x, &opts).unwrap();
+        let (want_o, want_s) = (as_f32(&want.o), as_f32(want.final_state.as_ref().unwrap()));
+        for threads in [1, 8, 16] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut o = vec![f32::NAN; p.tokens() * p.v_heads() * p.dv() + 1];
+            let mut s = vec![f32::NAN; p.num_seqs() * p.v_heads() * p.state_len()];
+            pool.install(|| deltanet::cpu::forward_into(&x, &opts, &mut o[1..], &mut s))
+                .unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&o[1..]),
+                bits(&want_o),
+                "o, {threads} threads, v_first {v_first}"
+            );
+            assert_eq!(
+                bits(&s),
+                bits(&want_s),
+                "state, {threads} threads, v_first {v_first}"
+            );
         }
     }
 }

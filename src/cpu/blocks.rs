@@ -352,10 +352,16 @@ pub(crate) fn zeroed_output(len: usize) -> Vec<f32> {
     v
 }
 
-/// Writes rows of a large output that no later step of the forward reads (`o`): by
-/// non-temporal stores where the CPU has AVX-512 (no read for ownership of each line, and the
-/// working set stays in the caches), else by plain copies. [`RowWriter::finish`] makes the
-/// stores visible to other threads.
+/// Outputs of at least this many bytes are written by non-temporal stores (see [`RowWriter`]):
+/// past every core's private caches and a good part of a usual last-level cache, where the
+/// next reader finds most of them in memory anyway.
+pub(crate) const STREAM_MIN_BYTES: usize = 32 << 20;
+
+/// Writes the rows of an output no later step of the forward reads (`o`): by non-temporal
+/// stores where the CPU has AVX-512 and the output is large ([`STREAM_MIN_BYTES`]: no read for
+/// ownership of each line, and the forward's working set stays in the caches), else by plain
+/// copies (a small `o` is better left in the caches for whatever reads it next).
+/// [`RowWriter::finish`] makes the stores visible to other threads.
 #[derive(Clone, Copy)]
 pub(crate) struct RowWriter {
     #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
@@ -363,10 +369,12 @@ pub(crate) struct RowWriter {
 }
 
 impl RowWriter {
-    pub(crate) fn new() -> Self {
+    /// A writer for an output of `bytes` bytes.
+    pub(crate) fn new(bytes: usize) -> Self {
+        let _ = bytes;
         RowWriter {
             #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-            streaming: super::kernel::have_avx512(),
+            streaming: bytes >= STREAM_MIN_BYTES && super::kernel::have_avx512(),
         }
     }
 

@@ -1,5 +1,5 @@
 //! The CPU forward with every stage fused per (sequence, value head): each task walks its chunks
-//! with the same block functions the stages use, on chunk-sized buffers that stay in cache, and
+//! with the stages' block functions, on chunk-sized buffers that stay in cache, and
 //! reads q/k/v where they lie (host tensors in their own dtype, or f32 buffers) one chunk at a
 //! time, the next chunk's rows prefetched while this one is computed. A task takes the value
 //! heads of one qk head together (they share q, k, `k k^T` and `q k^T`), or a tile of V's
@@ -163,8 +163,8 @@ pub(crate) fn fused_host(p: &Problem, x: &Inputs<'_>, opts: &Options) -> Result<
 }
 
 /// The fused forward into the caller's buffers, as an engine calls it: `o` `[B, T, HV, V]` and
-/// `final_state` `[N, HV, K, V]` (K-major whatever `state_v_first` says), both f32; every
-/// element of both is written. Nothing of the size of T is allocated, so a caller that keeps
+/// `final_state` `[N, HV, K, V]` (`[N, HV, V, K]` with `state_v_first`, the layout
+/// `initial_state` is read in), both f32; every element of both is written. Nothing of the size of T is allocated, so a caller that keeps
 /// its buffers across calls pays no page faults for a fresh `o` (for a large `o`, the kernel's
 /// zeroing of new pages costs about a tenth of the forward). `x` is read in place in its own
 /// dtype and validated against `opts` as [`crate::forward`] does; the chunk states are not
@@ -207,7 +207,10 @@ pub fn forward_into(
     let (hv, kv) = (p.v_heads(), p.state_len());
     check_len("o", o.len(), p.tokens() * hv * p.dv())?;
     check_len("final_state", final_state.len(), p.num_seqs() * hv * kv)?;
-    on_host(&p, x, opts, |src| fused_into(&p, opts, src, o, final_state)).map(|_| ())
+    on_host(&p, x, opts, |src| {
+        fused_into(&p, opts, src, o, final_state, opts.state_v_first)
+    })
+    .map(|_| ())
 }
 
 /// Runs `f` on the [`Sources`] of host inputs: the token tensors in place, the small per-head
@@ -255,18 +258,19 @@ pub(crate) fn fused_staged(
 fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Result<FusedOut> {
     let mut o = zeroed_output(p.tokens() * p.v_heads() * p.dv());
     let mut final_state = vec![0f32; p.num_seqs() * p.v_heads() * p.state_len()];
-    let h = fused_into(p, opts, x, &mut o, &mut final_state)?;
+    let h = fused_into(p, opts, x, &mut o, &mut final_state, false)?;
     Ok(ForwardOut { o, h, final_state })
 }
 
-/// [`fused`] into `o` and `final_state` (of the problem's sizes); returns the chunk states where
-/// `opts` asks for them.
+/// [`fused`] into `o` and `final_state` (of the problem's sizes; the final state V-first with
+/// `v_first_out`, else K-major); returns the chunk states (K-major) where `opts` asks for them.
 fn fused_into<R: ChunkRows>(
     p: &Problem,
     opts: &Options,
     x: &Sources<'_, R>,
     o: &mut [f32],
     final_state: &mut [f32],
+    v_first_out: bool,
 ) -> Result<Option<Vec<f32>>> {
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let kv = p.state_len();
@@ -279,7 +283,7 @@ fn fused_into<R: ChunkRows>(
     // One task per (sequence, qk head, share of its value heads, tile of V): the value heads of
     // one qk head share q, k and the products of the chunk's tokens, so they go together, and
     // V stays whole, unless the threads need more tasks. The columns of V are independent
-    // (only `A_strict`, `A_inv` and `w` span them, and each tile recomputes those), and each
+    // (only `A_strict` and `A_inv` span them, and each tile recomputes those), and each
     // value head's arithmetic is the same however heads and columns are split, so results do
     // not depend on the thread count.
     let threads = rayon::current_num_threads();
@@ -319,7 +323,7 @@ fn fused_into<R: ChunkRows>(
     check_len("o", o.len(), p.tokens() * hv * dv)?;
     check_len("final_state", final_state.len(), p.num_seqs() * hv * kv)?;
     let out = SharedOut(o.as_mut_ptr());
-    let writer = RowWriter::new();
+    let writer = RowWriter::new(std::mem::size_of_val(o));
     let bt = p.chunk_size();
     let results: Vec<Vec<TaskState>> = tasks
         .par_iter()
@@ -457,8 +461,17 @@ fn fused_into<R: ChunkRows>(
         .then(|| vec![0f32; p.chunks().len() * hv * kv]);
     for (nj, c0, fin, hs) in results.into_iter().flatten() {
         let (n, j) = (nj / hv, nj % hv);
-        for (r, row) in state_rows(nj * kv, c0).zip(fin.chunks_exact(tw)) {
-            final_state[r].copy_from_slice(row);
+        if v_first_out {
+            // Column c of the K x V state is row c of the V x K one.
+            for (r, row) in fin.chunks_exact(tw).enumerate() {
+                for (c, &x) in row.iter().enumerate() {
+                    final_state[nj * kv + (c0 + c) * dk + r] = x;
+                }
+            }
+        } else {
+            for (r, row) in state_rows(nj * kv, c0).zip(fin.chunks_exact(tw)) {
+                final_state[r].copy_from_slice(row);
+            }
         }
         if let Some(h) = &mut h {
             let first = p.seq_chunks(n).start;

@@ -133,9 +133,9 @@ impl Backend for Cpu {
     ) -> Result<Vec<f32>> {
         chunk_output(p, q, k, v_new, h, gamma, scale)
     }
-    /// The fused forward on f32 buffers: the same computation, block for block, as the stages
-    /// one after the other, and what [`crate::forward`] runs (reading host tensors in place, see
-    /// [`HostIo::forward_host`]).
+    /// The fused forward on f32 buffers: the stages' computation up to rounding (`v_new` formed
+    /// without `w` and `u`, see `fused.rs`), and what [`crate::forward`] runs (reading host
+    /// tensors in place, see [`HostIo::forward_host`]).
     fn forward(
         &self,
         p: &Problem,

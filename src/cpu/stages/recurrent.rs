@@ -29,10 +29,11 @@ pub(crate) struct Token<'a, 'r> {
 /// `S^T q` on the undecayed state, the second writes `decay S + k u^T`; the output follows from
 /// the sums, `o = scale (decay S^T q + u (q . k))`, which equals `scale S_new^T q` without a
 /// third read of the state or a running sum per column in the second pass. Compiled for
-/// AVX-512 and for AVX2 (with FMA) as well, chosen at run time. Every sum and update is an
-/// explicit fused multiply-add (`mul_add`) in a fixed order, so every variant rounds alike (the
-/// portable one included, where `mul_add` is the correctly rounded library call); two
-/// roundings fewer per element than separate multiplies and adds, and half the instructions.
+/// AVX-512 and for AVX2 with FMA as well, chosen at run time. Every sum and update is a fused
+/// multiply-add in a fixed order (two roundings fewer per element than a multiply and an add,
+/// and half the instructions), so those variants round alike; the portable variant, on a CPU
+/// without FMA, multiplies and adds separately: deterministic on its own, the last bits not
+/// those of the others.
 pub(crate) fn token_step(t: &mut Token<'_, '_>) {
     #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
     if crate::cpu::kernel::have_avx512() {
@@ -46,8 +47,14 @@ pub(crate) fn token_step(t: &mut Token<'_, '_>) {
             return unsafe { token_step_avx2(t) };
         }
     }
-    token_step_plain::<64>(t)
+    token_step_plain::<64, PORTABLE_FMA>(t)
 }
+
+/// Whether the portable build of [`token_step`] fuses its multiply-adds: where the target has
+/// them in hardware for certain (aarch64, or x86 built with FMA enabled). Elsewhere `mul_add`
+/// could be a library call per element, many times slower than the multiply and add it
+/// replaces.
+const PORTABLE_FMA: bool = cfg!(any(target_arch = "aarch64", target_feature = "fma"));
 
 /// [`token_step`] compiled for AVX-512.
 ///
@@ -56,21 +63,21 @@ pub(crate) fn token_step(t: &mut Token<'_, '_>) {
 #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
 #[target_feature(enable = "avx512f")]
 unsafe fn token_step_avx512(t: &mut Token<'_, '_>) {
-    token_step_plain::<128>(t)
+    token_step_plain::<128, true>(t)
 }
 
-/// [`token_step`] compiled for AVX2.
+/// [`token_step`] compiled for AVX2 with FMA.
 ///
 /// # Safety
-/// The CPU must support AVX2.
+/// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn token_step_avx2(t: &mut Token<'_, '_>) {
-    token_step_plain::<64>(t)
+    token_step_plain::<64, true>(t)
 }
 
 #[inline(always)]
-fn token_step_plain<const WIDE: usize>(t: &mut Token<'_, '_>) {
+fn token_step_plain<const WIDE: usize, const FMA: bool>(t: &mut Token<'_, '_>) {
     // Blocks of WIDE columns (then 16, then single ones): a block's sums stay in registers while
     // the rows pass, so only the state itself goes through memory, and a whole row of 128 is
     // one block where 32 registers hold it.
@@ -78,9 +85,9 @@ fn token_step_plain<const WIDE: usize>(t: &mut Token<'_, '_>) {
     let mut c0 = 0;
     while c0 < w {
         let step = match w - c0 {
-            r if r >= WIDE => columns::<WIDE>(t, c0),
-            r if r >= 16 => columns::<16>(t, c0),
-            _ => columns::<1>(t, c0),
+            r if r >= WIDE => columns::<WIDE, FMA>(t, c0),
+            r if r >= 16 => columns::<16, FMA>(t, c0),
+            _ => columns::<1, FMA>(t, c0),
         };
         c0 += step;
     }
@@ -88,7 +95,7 @@ fn token_step_plain<const WIDE: usize>(t: &mut Token<'_, '_>) {
 
 /// [`token_step`] on columns `c0..c0 + B`; returns `B`.
 #[inline(always)]
-fn columns<const B: usize>(t: &mut Token<'_, '_>, c0: usize) -> usize {
+fn columns<const B: usize, const FMA: bool>(t: &mut Token<'_, '_>, c0: usize) -> usize {
     let Token {
         state,
         src,
@@ -110,11 +117,11 @@ fn columns<const B: usize>(t: &mut Token<'_, '_>, c0: usize) -> usize {
             None => state[r],
         };
         for ((a, b), &s) in ka.iter_mut().zip(qa.iter_mut()).zip(&s_in[c0..c0 + B]) {
-            *a = kr.mul_add(s, *a);
-            *b = qr.mul_add(s, *b);
+            *a = madd::<FMA>(kr, s, *a);
+            *b = madd::<FMA>(qr, s, *b);
         }
     }
-    let kq = dot_fma(k, q);
+    let kq = dot_fma::<FMA>(k, q);
     let mut ub = [0f32; B];
     for (((ub, o), (&a, &b)), &vc) in ub
         .iter_mut()
@@ -122,8 +129,8 @@ fn columns<const B: usize>(t: &mut Token<'_, '_>, c0: usize) -> usize {
         .zip(ka.iter().zip(&qa))
         .zip(&v[c0..c0 + B])
     {
-        *ub = beta * (-decay).mul_add(a, vc);
-        *o = scale * ub.mul_add(kq, decay * b);
+        *ub = beta * madd::<FMA>(-decay, a, vc);
+        *o = scale * madd::<FMA>(*ub, kq, decay * b);
     }
     u[c0..c0 + B].copy_from_slice(&ub);
     for (r, &kr) in k.iter().enumerate() {
@@ -134,12 +141,12 @@ fn columns<const B: usize>(t: &mut Token<'_, '_>, c0: usize) -> usize {
         match src {
             Some(src) => {
                 for ((out, &s), &uc) in row.iter_mut().zip(&src[r][c0..c0 + B]).zip(&ub) {
-                    *out = kr.mul_add(uc, decay * s);
+                    *out = madd::<FMA>(kr, uc, decay * s);
                 }
             }
             None => {
                 for (out, &uc) in row.iter_mut().zip(&ub) {
-                    *out = kr.mul_add(uc, decay * *out);
+                    *out = madd::<FMA>(kr, uc, decay * *out);
                 }
             }
         }
@@ -147,20 +154,32 @@ fn columns<const B: usize>(t: &mut Token<'_, '_>, c0: usize) -> usize {
     B
 }
 
-/// `a . b` by fused multiply-adds in eight interleaved sums (one chain would wait on each add's
+/// `a * b + c`: one fused multiply-add with `FMA` (the variants built for CPUs that have it),
+/// else a multiply and an add (the portable variant, where `mul_add` could be a library call
+/// per element).
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// `a . b` by (with `FMA`, fused) multiply-adds in eight interleaved sums (one chain would wait on each add's
 /// latency), combined in a fixed order.
 #[inline(always)]
-fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
+fn dot_fma<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ar, br) = (ac.remainder(), bc.remainder());
     for (x, y) in ac.zip(bc) {
         for i in 0..8 {
-            acc[i] = x[i].mul_add(y[i], acc[i]);
+            acc[i] = madd::<FMA>(x[i], y[i], acc[i]);
         }
     }
     for (i, (&x, &y)) in ar.iter().zip(br).enumerate() {
-        acc[i] = x.mul_add(y, acc[i]);
+        acc[i] = madd::<FMA>(x, y, acc[i]);
     }
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
