@@ -389,82 +389,149 @@ fn cpu_decode_in_pool(
     let pool_len = pool.len();
     // Small steps (a few MiB of states, about 0.1 ms) run partly on the calling thread.
     let small = n * hv * kv <= 1 << 21;
-    crate::cpu::for_each_task(n * hv * tiles, small, |task| {
+    // With one token a step, tasks go in runs of consecutive ones (about eight runs per thread,
+    // at most 16 tasks a run), each run stepped software-pipelined (`token_steps`: each state's
+    // update beside the next one's sums); with more, one task at a time, its tokens in turn.
+    let tasks = n * hv * tiles;
+    let per_run = if t == 1 {
+        (tasks / (8 * rayon::current_num_threads())).clamp(1, 16)
+    } else {
+        1
+    };
+    crate::cpu::for_each_task(tasks.div_ceil(per_run), small, |run| {
         let (o_ptr, pool_ptr) = (o_ptr, pool_ptr);
-        let (seq, j, tile) = (task / (hv * tiles), task / tiles % hv, task % tiles);
-        let row = plan.read[seq];
-        if row < 0 {
+        let ids: Vec<usize> = (run * per_run..tasks.min((run + 1) * per_run))
+            .filter(|&task| plan.read[task / (hv * tiles)] >= 0)
+            .collect();
+        let Some(&last) = ids.last() else {
             return;
-        }
-        let w = idx.write.map_or(row, |w| w.get(seq));
-        let kh = p.qk_head(j);
-        let c0 = tile * tw;
-        let src_off = (row as usize * hv + j) * kv + c0;
-        let mut scratch = Vec::new();
+        };
         // The task's rows: columns c0..c0 + tw of each of its head's K rows.
         let rows_at = |at: usize| (0..dk).map(move |r| at + r * dv);
+        let mut scratch: Vec<Vec<f32>> = vec![Vec::new(); ids.len()];
         // SAFETY: `plan` checked that every row index lies inside the pool, that no row is
         // written by two sequences and that no row one sequence writes is read by another; so
-        // the columns this task reads and writes (its head's, its tile's) are touched by no other
+        // the columns a task reads and writes (its head's, its tile's) are touched by no other
         // task, and the slices made here overlap no other task's. `state` is its write row (a
         // scratch copy when the step writes no state); `src` its read row where that differs.
-        let (mut state, mut src): (Vec<&mut [f32]>, Option<Vec<&[f32]>>) = unsafe {
-            debug_assert!(src_off + dk.saturating_sub(1) * dv + tw <= pool_len);
-            let read: Vec<&[f32]> = rows_at(src_off)
-                .map(|at| std::slice::from_raw_parts(pool_ptr.0.add(at), tw))
-                .collect();
-            if w < 0 {
-                read.iter().for_each(|r| scratch.extend_from_slice(r));
-                (scratch.chunks_exact_mut(tw).collect(), None)
-            } else if w == row {
-                let rows = rows_at(src_off)
-                    .map(|at| std::slice::from_raw_parts_mut(pool_ptr.0.add(at), tw))
+        type Rows<'a> = (Vec<&'a mut [f32]>, Option<Vec<&'a [f32]>>);
+        let mut rows: Vec<Rows<'_>> = ids
+            .iter()
+            .zip(scratch.iter_mut())
+            .map(|(&task, scratch)| unsafe {
+                let (seq, j, tile) = (task / (hv * tiles), task / tiles % hv, task % tiles);
+                let row = plan.read[seq];
+                let w = idx.write.map_or(row, |w| w.get(seq));
+                let c0 = tile * tw;
+                let src_off = (row as usize * hv + j) * kv + c0;
+                debug_assert!(src_off + dk.saturating_sub(1) * dv + tw <= pool_len);
+                let read: Vec<&[f32]> = rows_at(src_off)
+                    .map(|at| std::slice::from_raw_parts(pool_ptr.0.add(at), tw))
                     .collect();
-                (rows, None)
-            } else {
-                let dst_off = (w as usize * hv + j) * kv + c0;
-                debug_assert!(dst_off + dk.saturating_sub(1) * dv + tw <= pool_len);
-                let rows = rows_at(dst_off)
-                    .map(|at| std::slice::from_raw_parts_mut(pool_ptr.0.add(at), tw))
-                    .collect();
-                (rows, Some(read))
-            }
-        };
-        let (mut u, mut o_row) = (vec![0f32; tw], vec![0f32; tw]);
-        // The state of the task after this one (usually the next on this thread): its rows are
-        // fetched during this task's last token.
-        let next = (task + 1 < n * hv * tiles)
-            .then(|| {
-                let nt = task + 1;
-                let row = plan.read[nt / (hv * tiles)];
-                let off = (row.max(0) as usize * hv + nt / tiles % hv) * kv + nt % tiles * tw;
-                // SAFETY: `plan` checked every read row against the pool; only an address is
-                // formed here (for prefetching), nothing is read through it.
-                (row >= 0).then(|| (unsafe { pool_ptr.0.add(off) } as *const f32, dv))
+                if w < 0 {
+                    read.iter().for_each(|r| scratch.extend_from_slice(r));
+                    (scratch.chunks_exact_mut(tw).collect(), None)
+                } else if w == row {
+                    let rows = rows_at(src_off)
+                        .map(|at| std::slice::from_raw_parts_mut(pool_ptr.0.add(at), tw))
+                        .collect();
+                    (rows, None)
+                } else {
+                    let dst_off = (w as usize * hv + j) * kv + c0;
+                    debug_assert!(dst_off + dk.saturating_sub(1) * dv + tw <= pool_len);
+                    let rows = rows_at(dst_off)
+                        .map(|at| std::slice::from_raw_parts_mut(pool_ptr.0.add(at), tw))
+                        .collect();
+                    (rows, Some(read))
+                }
             })
-            .flatten();
-        for tok in 0..t {
-            let ti = seq * t + tok;
+            .collect();
+        let mut u = vec![vec![0f32; tw]; ids.len()];
+        let mut o_rows = vec![vec![0f32; tw]; ids.len()];
+        // The state of task `nt`, fetched towards the cache during the last token of the task
+        // before it (the next run's first task after this run's last: usually the next on this
+        // thread).
+        let prefetch_of = |nt: usize| {
+            (nt < tasks)
+                .then(|| {
+                    let row = plan.read[nt / (hv * tiles)];
+                    let off = (row.max(0) as usize * hv + nt / tiles % hv) * kv + nt % tiles * tw;
+                    // SAFETY: `plan` checked every read row against the pool; only an address is
+                    // formed here (for prefetching), nothing is read through it.
+                    (row >= 0).then(|| (unsafe { pool_ptr.0.add(off) } as *const f32, dv))
+                })
+                .flatten()
+        };
+        let next = prefetch_of(last + 1);
+        let token = |task: usize, tok: usize| {
+            let (seq, j, tile) = (task / (hv * tiles), task / tiles % hv, task % tiles);
+            let (ti, c0) = (seq * t + tok, tile * tw);
             let tj = ti * hv + j;
-            crate::cpu::token_step(&mut crate::cpu::Token {
-                state: &mut state,
-                src: src.as_deref(),
-                k: &k[(ti * nh + kh) * dk..][..dk],
-                q: &q[(ti * nh + kh) * dk..][..dk],
-                v: &v[tj * dv + c0..][..tw],
-                decay: g[tj].exp(),
-                beta: beta[tj],
-                scale,
-                u: &mut u,
-                o: &mut o_row,
-                next: if tok + 1 == t { next } else { None },
-            });
-            // After the first token the state is read where it was written.
-            src = None;
-            // SAFETY: element (token ti, head j, columns c0..c0 + tw) of `o` belongs to this
-            // task alone, and `o` outlives the tasks.
-            unsafe {
-                std::ptr::copy_nonoverlapping(o_row.as_ptr(), o_ptr.0.add(tj * dv + c0), tw);
+            let kh = p.qk_head(j);
+            let qk = (ti * nh + kh) * dk;
+            (tj, c0, qk, g[tj].exp(), beta[tj])
+        };
+        // SAFETY (each copy below): element (token, head j, columns of the tile) of `o` belongs
+        // to this task alone, and `o` outlives the tasks.
+        let put = |tj: usize, c0: usize, o_row: &[f32]| unsafe {
+            std::ptr::copy_nonoverlapping(o_row.as_ptr(), o_ptr.0.add(tj * dv + c0), tw);
+        };
+        if t == 1 {
+            let mut tokens: Vec<crate::cpu::Token<'_, '_>> = ids
+                .iter()
+                .zip(rows.iter_mut())
+                .zip(u.iter_mut().zip(o_rows.iter_mut()))
+                .map(|((&task, (state, src)), (u, o_row))| {
+                    let (tj, c0, qk, decay, beta) = token(task, 0);
+                    crate::cpu::Token {
+                        state,
+                        src: src.as_deref(),
+                        k: &k[qk..][..dk],
+                        q: &q[qk..][..dk],
+                        v: &v[tj * dv + c0..][..tw],
+                        decay,
+                        beta,
+                        scale,
+                        u,
+                        o: o_row,
+                        next: if task == last { next } else { None },
+                    }
+                })
+                .collect();
+            crate::cpu::token_steps(&mut tokens);
+            drop(tokens);
+            for (&task, o_row) in ids.iter().zip(&o_rows) {
+                let (tj, c0, ..) = token(task, 0);
+                put(tj, c0, o_row);
+            }
+        } else {
+            // Several tokens: each task's tokens in turn, its state hot between them.
+            for (ii, &task) in ids.iter().enumerate() {
+                let (state, src) = &mut rows[ii];
+                let mut src = src.as_deref();
+                for tok in 0..t {
+                    let (tj, c0, qk, decay, beta) = token(task, tok);
+                    crate::cpu::token_step(&mut crate::cpu::Token {
+                        state,
+                        src,
+                        k: &k[qk..][..dk],
+                        q: &q[qk..][..dk],
+                        v: &v[tj * dv + c0..][..tw],
+                        decay,
+                        beta,
+                        scale,
+                        u: &mut u[ii],
+                        o: &mut o_rows[ii],
+                        next: if tok + 1 == t && task == last {
+                            next
+                        } else {
+                            None
+                        },
+                    });
+                    // After the first token the state is read where it was written.
+                    src = None;
+                    put(tj, c0, &o_rows[ii]);
+                }
             }
         }
     });

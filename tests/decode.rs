@@ -467,6 +467,37 @@ fn cpu_step_gives_the_same_bits_with_and_without_token_states() {
     }
 }
 
+/// One token a step over 128 x 128 states, many (sequence, head) tasks: the CPU steps them in
+/// software-pipelined runs (each state's update beside the next one's sums), which must give
+/// the bits of the plain per-token step (the dense path), in pools of 1 and 2 threads.
+#[test]
+fn cpu_pipelined_step_gives_the_bits_of_the_plain_one() {
+    let s = sh(10, 1, 2, 4, 128, 128, 23);
+    let mut rng = Rng::new(13);
+    for opts in option_sets().into_iter().filter(|o| !o.state_v_first) {
+        let x = inputs(&mut rng, s, DType::BF16, &opts);
+        let plan = index_plan(&mut rng, s, true, false);
+        let owned = Owned::new(&plan, false);
+        let idx = owned.indices();
+        let pool0 = rng.normal(s.pool * s.hv * s.dk * s.dv, 0.3);
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let (mut pool_a, mut pool_b) = (pool0.clone(), pool0.clone());
+            let (a, b) = pool.install(|| {
+                (
+                    decode_step(&Device::Cpu, &x, &mut pool_a, &idx, false, &opts).unwrap(),
+                    decode_step(&Device::Cpu, &x, &mut pool_b, &idx, true, &opts).unwrap(),
+                )
+            });
+            assert_eq!(a.o.to_f32(), b.o.to_f32(), "o, {threads} threads, {opts:?}");
+            assert_eq!(pool_a, pool_b, "pool, {threads} threads, {opts:?}");
+        }
+    }
+}
+
 fn small_inputs(n: usize, t: usize) -> (Inputs<'static>, Shape) {
     let s = Shape {
         n,

@@ -96,62 +96,152 @@ fn token_step_plain<const WIDE: usize, const FMA: bool>(t: &mut Token<'_, '_>) {
 /// [`token_step`] on columns `c0..c0 + B`; returns `B`.
 #[inline(always)]
 fn columns<const B: usize, const FMA: bool>(t: &mut Token<'_, '_>, c0: usize) -> usize {
-    let Token {
-        state,
-        src,
-        k,
-        q,
-        v,
-        decay,
-        beta,
-        scale,
-        u,
-        o,
-        next,
-    } = t;
-    let (decay, beta, scale) = (*decay, *beta, *scale);
-    let (mut ka, mut qa) = ([0f32; B], [0f32; B]);
-    for (r, (&kr, &qr)) in k.iter().zip(q.iter()).enumerate() {
-        let s_in: &[f32] = match src {
-            Some(src) => src[r],
-            None => state[r],
-        };
-        for ((a, b), &s) in ka.iter_mut().zip(qa.iter_mut()).zip(&s_in[c0..c0 + B]) {
-            *a = madd::<FMA>(kr, s, *a);
-            *b = madd::<FMA>(qr, s, *b);
+    let (ka, qa) = sums::<B, FMA>(t, c0);
+    let ub = finish::<B, FMA>(t, c0, &ka, &qa);
+    let next = t.next;
+    for r in 0..t.k.len() {
+        if let Some((base, stride)) = next {
+            prefetch_row(base.wrapping_add(r * stride + c0), B);
         }
+        update_row::<B, FMA>(t, c0, r, &ub);
     }
-    let kq = dot_fma::<FMA>(k, q);
+    B
+}
+
+/// The first pass on columns `c0..c0 + B`: `S^T k` and `S^T q` of the state entering the token,
+/// the rows in order.
+#[inline(always)]
+fn sums<const B: usize, const FMA: bool>(t: &Token<'_, '_>, c0: usize) -> ([f32; B], [f32; B]) {
+    let (mut ka, mut qa) = ([0f32; B], [0f32; B]);
+    for r in 0..t.k.len() {
+        sum_row::<B, FMA>(t, c0, r, &mut ka, &mut qa);
+    }
+    (ka, qa)
+}
+
+/// Row `r`'s terms of [`sums`].
+#[inline(always)]
+fn sum_row<const B: usize, const FMA: bool>(
+    t: &Token<'_, '_>,
+    c0: usize,
+    r: usize,
+    ka: &mut [f32; B],
+    qa: &mut [f32; B],
+) {
+    let (kr, qr) = (t.k[r], t.q[r]);
+    let s_in: &[f32] = match t.src {
+        Some(src) => src[r],
+        None => t.state[r],
+    };
+    for ((a, b), &s) in ka.iter_mut().zip(qa.iter_mut()).zip(&s_in[c0..c0 + B]) {
+        *a = madd::<FMA>(kr, s, *a);
+        *b = madd::<FMA>(qr, s, *b);
+    }
+}
+
+/// From the sums: `u` and `o` of columns `c0..c0 + B` (written to the token's), and `u`.
+#[inline(always)]
+fn finish<const B: usize, const FMA: bool>(
+    t: &mut Token<'_, '_>,
+    c0: usize,
+    ka: &[f32; B],
+    qa: &[f32; B],
+) -> [f32; B] {
+    let (decay, beta, scale) = (t.decay, t.beta, t.scale);
+    let kq = dot_fma::<FMA>(t.k, t.q);
     let mut ub = [0f32; B];
     for (((ub, o), (&a, &b)), &vc) in ub
         .iter_mut()
-        .zip(&mut o[c0..c0 + B])
-        .zip(ka.iter().zip(&qa))
-        .zip(&v[c0..c0 + B])
+        .zip(&mut t.o[c0..c0 + B])
+        .zip(ka.iter().zip(qa))
+        .zip(&t.v[c0..c0 + B])
     {
         *ub = beta * madd::<FMA>(-decay, a, vc);
         *o = scale * madd::<FMA>(*ub, kq, decay * b);
     }
-    u[c0..c0 + B].copy_from_slice(&ub);
-    for (r, &kr) in k.iter().enumerate() {
-        if let Some((base, stride)) = *next {
-            prefetch_row(base.wrapping_add(r * stride + c0), B);
+    t.u[c0..c0 + B].copy_from_slice(&ub);
+    ub
+}
+
+/// The second pass on row `r`, columns `c0..c0 + B`: `decay S + k u^T` written to the state.
+#[inline(always)]
+fn update_row<const B: usize, const FMA: bool>(
+    t: &mut Token<'_, '_>,
+    c0: usize,
+    r: usize,
+    ub: &[f32; B],
+) {
+    let (decay, kr) = (t.decay, t.k[r]);
+    let row = &mut t.state[r][c0..c0 + B];
+    match t.src {
+        Some(src) => {
+            for ((out, &s), &uc) in row.iter_mut().zip(&src[r][c0..c0 + B]).zip(ub) {
+                *out = madd::<FMA>(kr, uc, decay * s);
+            }
         }
-        let row = &mut state[r][c0..c0 + B];
-        match src {
-            Some(src) => {
-                for ((out, &s), &uc) in row.iter_mut().zip(&src[r][c0..c0 + B]).zip(&ub) {
-                    *out = madd::<FMA>(kr, uc, decay * s);
+        None => {
+            for (out, &uc) in row.iter_mut().zip(ub) {
+                *out = madd::<FMA>(kr, uc, decay * *out);
+            }
+        }
+    }
+}
+
+/// [`token_step`] on each of `tokens` in turn (tokens of distinct states: different sequences,
+/// heads or column tiles), the same arithmetic and so the same bits, software-pipelined where
+/// every token is one block of the widest columns: the second pass of token i runs row by row
+/// together with the first pass of token i + 1, so that the next state's reads overlap this
+/// one's writes (a two-pass step per state alone leaves them apart: `dev/cpu_micro/`,
+/// NOTES-CPU.md).
+pub(crate) fn token_steps(tokens: &mut [Token<'_, '_>]) {
+    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+    if crate::cpu::kernel::have_avx512() && tokens.iter().all(|t| t.u.len() == 128) {
+        // SAFETY: AVX-512F was just detected.
+        return unsafe { token_steps_avx512(tokens) };
+    }
+    tokens.iter_mut().for_each(token_step);
+}
+
+/// [`token_steps`] compiled for AVX-512, every token 128 columns wide.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+#[target_feature(enable = "avx512f")]
+unsafe fn token_steps_avx512(tokens: &mut [Token<'_, '_>]) {
+    pipelined::<128, true>(tokens)
+}
+
+#[inline(always)]
+fn pipelined<const B: usize, const FMA: bool>(tokens: &mut [Token<'_, '_>]) {
+    let Some(first) = tokens.first() else {
+        return;
+    };
+    let (mut ka, mut qa) = sums::<B, FMA>(first, 0);
+    for i in 0..tokens.len() {
+        let (done, rest) = tokens.split_at_mut(i + 1);
+        let cur = &mut done[i];
+        let ub = finish::<B, FMA>(cur, 0, &ka, &qa);
+        match rest.first() {
+            Some(next) => {
+                let (mut nka, mut nqa) = ([0f32; B], [0f32; B]);
+                for r in 0..cur.k.len() {
+                    update_row::<B, FMA>(cur, 0, r, &ub);
+                    sum_row::<B, FMA>(next, 0, r, &mut nka, &mut nqa);
                 }
+                (ka, qa) = (nka, nqa);
             }
             None => {
-                for (out, &uc) in row.iter_mut().zip(&ub) {
-                    *out = madd::<FMA>(kr, uc, decay * *out);
+                let prefetch = cur.next;
+                for r in 0..cur.k.len() {
+                    if let Some((base, stride)) = prefetch {
+                        prefetch_row(base.wrapping_add(r * stride), B);
+                    }
+                    update_row::<B, FMA>(cur, 0, r, &ub);
                 }
             }
         }
     }
-    B
 }
 
 /// `a * b + c`: one fused multiply-add with `FMA` (the variants built for CPUs that have it),
