@@ -15,6 +15,7 @@ struct IntraParams {
     u64 q, k, g, beta, a_log, dt_bias;
     u64 a_inv, p, scal;
     u64 chunk_start, chunk_len;
+    u64 v, chunk_decay;
     i64 chunks, h, hv;
     float scale, beta_mult, reset;
     int tiled, l2norm, gate_in_kernel, beta_is_logits;
@@ -28,6 +29,10 @@ struct RecParams {
     u64 chunk_start, chunk_len, seq_first_chunk;
     i64 seqs, h, hv;
     int tiled;
+    int part;
+    u64 chunk_decay;
+    i64 segments, min_seg, warm_max;
+    float warm_log;
 };
 struct Conf {
     int dk, dv, vt, split, ksplit, hbuf;
@@ -68,10 +73,15 @@ int main(int argc, char** argv) {
         const int dk = cf.dk, dv = cf.dv, C = 64;
         const int h = 1 + rng() % 2, hv = h * (1 + rng() % 2);
         const bool l2 = rng() % 2, tiled = rng() % 2, with_h0 = rng() % 2;
+        // Every other case in segments (chunk_recurrent_regs' parts 1 and 2): longer sequences,
+        // up to 3 segments of at least one chunk, warm-ups of at most 3 chunks to a summed
+        // log-decay of -25; some value heads' gates decay too slowly for that (part 2's).
+        const bool segd = c % 2 == 1;
+        const int max_len = segd ? 400 : 150;
         // Sequences: lengths 0..150 (one empty now and then), at least one token in all.
         std::vector<i64> cu = {0};
         const int seqs = 1 + rng() % 3;
-        for (int s = 0; s < seqs; ++s) cu.push_back(cu.back() + (rng() % 5 == 0 ? 0 : 1 + rng() % 150));
+        for (int s = 0; s < seqs; ++s) cu.push_back(cu.back() + (rng() % 5 == 0 ? 0 : 1 + rng() % max_len));
         if (cu.back() == 0) cu.back() = 5;
         const i64 T = cu.back();
         std::vector<i64> cstart, clen, sfirst;
@@ -99,7 +109,10 @@ int main(int argc, char** argv) {
         }
         for (size_t i = 0; i < v.size(); ++i) { v[i] = bf16((float)N01()); vf[i] = from_bf16(v[i]); }
         // Now and then a gate below the reset threshold (-40): a hard reset mid-chunk.
-        for (auto& x : g) x = U(0, 1) < 0.03 ? -50.0f : (float)(-std::log1p(std::exp(U(-5, 1))) * 0.5);
+        std::vector<int> slow(hv);
+        for (auto& x : slow) x = segd && rng() % 3 == 0;
+        for (i64 i = 0; i < T * hv; ++i)
+            g[i] = U(0, 1) < 0.03 ? -50.0f : slow[i % hv] ? -0.001f : (float)(-std::log1p(std::exp(U(-5, 1))) * 0.5);
         for (auto& x : beta) x = (float)U(0, 1);
         const i64 kv = (i64)dk * dv;
         std::vector<float> h0(with_h0 ? seqs * hv * kv : 0);
@@ -109,20 +122,30 @@ int main(int argc, char** argv) {
         const i64 rows = T * hv;
         std::vector<unsigned short> a_inv(rows * 3 * C), pp(rows * 3 * C);
         std::vector<float> scal(rows * 4), o(T * hv * dv, NAN), fin(seqs * hv * kv, NAN);
+        std::vector<float> decay(chunks * hv, NAN);
         IntraParams ip{(u64)q.data(), (u64)k.data(), (u64)g.data(), (u64)beta.data(), 0, 0,
                        (u64)a_inv.data(), (u64)pp.data(), (u64)scal.data(),
-                       (u64)cstart.data(), (u64)clen.data(), chunks, h, hv, scale, 1.0f, -40.0f,
+                       (u64)cstart.data(), (u64)clen.data(), (u64)v.data(), segd ? (u64)decay.data() : 0,
+                       chunks, h, hv, scale, 1.0f, -40.0f,
                        tiled, l2, 0, 0};
         const long long sk = dk + 8;
         const long long intra_smem = (2 * C * (C + 4) + 3 * 256 + 7 * C) * 4 + 16 + 2 * C * sk * 2;
         if (chunks) cf.intra(&ip, chunks * hv, intra_smem);
         RecParams rp{(u64)q.data(), (u64)k.data(), (u64)v.data(), (u64)a_inv.data(), (u64)pp.data(),
                      (u64)scal.data(), with_h0 ? (u64)h0.data() : 0, (u64)o.data(), (u64)fin.data(), 0,
-                     (u64)cstart.data(), (u64)clen.data(), (u64)sfirst.data(), seqs, h, hv, tiled};
+                     (u64)cstart.data(), (u64)clen.data(), (u64)sfirst.data(), seqs, h, hv, tiled,
+                     0, (u64)decay.data(), 1, 1, 3, -25.0f};
+        const int segments = 2 + rng() % 2;
         const long long groups = cf.vt / 16;
         const long long stage = (2 * C * (dk + 8) + 2 * C * (3 * C + 8) + C * (cf.vt + 8)) * 2 + C * 16;
         const long long rec_smem = 2 * stage + (1 + cf.hbuf) * groups * dk * 16 * 4 + (cf.split ? groups * (C * 16 * 4 + 4) : 0) +
                                    (cf.ksplit ? groups * 2 * C * 16 * 4 : 0);
+        if (segd) {
+            rp.segments = segments;
+            rp.part = 1;
+            cf.rec(&rp, (long long)seqs * segments * hv * (dv / cf.vt), rec_smem);
+            rp.part = 2;
+        }
         cf.rec(&rp, (long long)seqs * hv * (dv / cf.vt), rec_smem);
         // The float64 recurrence.
         std::vector<double> o_ref(o.size(), 0.0), s_ref(fin.size(), 0.0);
@@ -160,8 +183,11 @@ int main(int argc, char** argv) {
         const double eo = rel_l2(o, o_ref), es = rel_l2(fin, s_ref);
         const bool ok = eo <= 1e-5 && es <= 1e-5;
         failures += !ok;
-        printf("%s case %d: K=%d V=%d VT=%d split=%d ksplit=%d hbuf=%d H=%d HV=%d seqs=%d T=%lld l2norm=%d tiled=%d h0=%d: o %.2e, final state %.2e\n",
-               ok ? "ok  " : "FAIL", c, dk, dv, cf.vt, cf.split, cf.ksplit, cf.hbuf, h, hv, seqs, (long long)T, l2, tiled, with_h0, eo, es);
+        int nslow = 0;
+        for (int x : slow) nslow += x;
+        printf("%s case %d: K=%d V=%d VT=%d split=%d ksplit=%d hbuf=%d H=%d HV=%d seqs=%d T=%lld l2norm=%d tiled=%d h0=%d segments=%d slow heads=%d: o %.2e, final state %.2e\n",
+               ok ? "ok  " : "FAIL", c, dk, dv, cf.vt, cf.split, cf.ksplit, cf.hbuf, h, hv, seqs, (long long)T, l2, tiled, with_h0,
+               segd ? segments : 1, nslow, eo, es);
         fflush(stdout);
     }
     printf("%d/%d cases failed\n", failures, count);

@@ -57,6 +57,16 @@ static int atomicMin(int* p, int v) {
     while (v < old && !a.compare_exchange_weak(old, v)) {}
     return old;
 }
+static int atomicOr(int* p, int v) { return std::atomic_ref<int>(*p).fetch_or(v); }
+static int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+static float __shfl_sync(unsigned, float v, int src) {
+    Warp& w = *my_warp;
+    w.xf[my_lane] = v;
+    w.bar.arrive_and_wait();
+    const float r = w.xf[src];
+    w.bar.arrive_and_wait();
+    return r;
+}
 static float __shfl_xor_sync(unsigned, float v, int m) {
     Warp& w = *my_warp;
     w.xf[my_lane] = v;

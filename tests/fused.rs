@@ -116,6 +116,18 @@ fn tunings() -> Vec<fused::Tuning> {
             vt: Some(32),
             ..Tuning::default()
         },
+        // Segments (warm-ups before each, the value heads that cannot have them by the second
+        // launch) forced on problems of a few chunks.
+        Tuning {
+            segments: Some(3),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            segments: Some(2),
+            vt: Some(128),
+            ..Tuning::default()
+        },
     ]
 }
 

@@ -98,6 +98,12 @@ pub struct Args {
     /// per rank, --device cuda; libnccl.so loaded at run time).
     #[arg(long, default_value = "host", value_parser = ["host", "nccl"])]
     exchange: String,
+    /// Share of the value heads (every k-th one, from head 0) whose gate is -0.001 a token for
+    /// the prefill: the slow decay of the longest-memory heads of a trained Qwen3-Next layer,
+    /// which the GPU's segmented prefill cannot cut (the others keep the usual
+    /// -softplus(U(-5, 1)) / 2).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_share)]
+    slow_heads: f64,
 }
 
 /// The sequence offsets of `n` sequences sharing `t` tokens by the anchors' rule (see
@@ -410,6 +416,7 @@ fn write_json(path: &Path, a: &Args, device: &Device, rows: &[Row]) -> Result<()
         "varlen": a.varlen,
         "dtype": a.dtype.name(),
         "precision": format!("{:?}", a.precision).to_lowercase(),
+        "slow_heads": a.slow_heads,
         "chunk_size": a.chunk_size,
         "warmup": a.warmup,
         "repeats": a.repeats,
@@ -549,7 +556,26 @@ fn prefill_inputs(a: &Args) -> deltanet::Result<Inputs<'static>> {
     if let Some(n) = a.varlen {
         x.cu_seqlens = Some(varlen_cu_seqlens(n as usize, t));
     }
+    let slow = (a.slow_heads * hv as f64).round() as usize;
+    if slow > 0 {
+        let every = hv / slow;
+        let mut g = x.g.to_f32().into_owned();
+        for (i, x) in g.iter_mut().enumerate() {
+            let j = i % hv;
+            if j % every == 0 && j / every < slow {
+                *x = -0.001;
+            }
+        }
+        x.g = Tensor::from_f32(g, vec![b, t, hv])?;
+    }
     Ok(x)
+}
+
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        _ => Err(format!("expected a share in [0, 1], got {s:?}")),
+    }
 }
 
 /// The plain forward and the forward over ranks (see `Args::ranks`), host tensors in and out,

@@ -297,6 +297,7 @@ pub fn standard_configs() -> Vec<Config> {
         (128, 128, 3, false),
         (64, 64, 3, false),
         (128, 32, 1, false),
+        (128, 128, 1, false),
         (128, 32, 3, true),
         (128, 64, 3, true),
     ] {
@@ -383,9 +384,10 @@ pub fn shaped_for(p: &Problem, opts: &Options) -> bool {
 }
 
 /// Workspace of [`forward`], in bytes: per token and value head, `a_inv` and `p` rows (64 f32
-/// each, or 192 bf16 each for `chunk_recurrent_regs`) and four f32 row scalings.
+/// each, or 192 bf16 each for `chunk_recurrent_regs`) and four f32 row scalings; per chunk and
+/// value head, one f32 (its total log-decay, for segments).
 pub fn workspace_bytes(p: &Problem) -> usize {
-    p.tokens() * p.v_heads() * WS_PER_ROW * 4
+    (p.tokens() * WS_PER_ROW + p.chunks().len()) * p.v_heads() * 4
 }
 
 /// Choices of the fused kernels that change their speed, not their results (beyond rounding).
@@ -418,13 +420,18 @@ pub struct Tuning {
     /// call AR: 0.6 % faster in fast, 1.6 % in exact without the K split, which the exact
     /// default does not use), and ignored where it does not fit beside the stage buffers.
     pub hbuf: Option<bool>,
+    /// Segments per sequence in `chunk_recurrent_regs` (context parallelism inside the card):
+    /// 0 or 1 never; n forces up to n segments of at least one chunk wherever the kernel
+    /// applies (a test knob). By default chosen from the SM count where the blocks of whole
+    /// sequences would not fill the GPU, with segments of at least 16 chunks.
+    pub segments: Option<usize>,
 }
 
 impl Tuning {
     /// From the environment: `DELTANET_FUSED_VT`, `DELTANET_FUSED_NBUF`,
     /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`, `DELTANET_FUSED_REGS=0|1`,
     /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`,
-    /// `DELTANET_FUSED_HBUF=0|1`.
+    /// `DELTANET_FUSED_HBUF=0|1`, `DELTANET_FUSED_SEGMENTS`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -444,6 +451,7 @@ impl Tuning {
             split: flag("DELTANET_FUSED_SPLIT"),
             ksplit: flag("DELTANET_FUSED_KSPLIT"),
             hbuf: flag("DELTANET_FUSED_HBUF"),
+            segments: num("DELTANET_FUSED_SEGMENTS"),
         }
     }
 }
@@ -509,6 +517,19 @@ fn regs_config(
     dtype: DType,
     tuning: &Tuning,
 ) -> Option<Config> {
+    regs_config_for(dev, p, p.num_seqs(), opts, dtype, tuning)
+}
+
+/// [`regs_config`] for blocks over `seqs` runs of chunks (the problem's sequences, or their
+/// segments).
+fn regs_config_for(
+    dev: &CudaDevice,
+    p: &Problem,
+    seqs: usize,
+    opts: &Options,
+    dtype: DType,
+    tuning: &Tuning,
+) -> Option<Config> {
     let (dk, dv) = (p.dk(), p.dv());
     if dtype != DType::BF16 || dk > 128 || tuning.fma || tuning.regs == Some(false) {
         return None;
@@ -520,7 +541,7 @@ fn regs_config(
         [128, 64, 32, 16]
             .into_iter()
             .find(|&vt| {
-                vt <= widest && fits(vt) && 10 * p.num_seqs() * p.v_heads() * (dv / vt) >= 9 * sms
+                vt <= widest && fits(vt) && 10 * seqs * p.v_heads() * (dv / vt) >= 9 * sms
             })
             .unwrap_or(16)
     };
@@ -587,6 +608,54 @@ fn regs_config(
     (cfg.shared_bytes(Kernel::ChunkRecurrentRegs) <= max).then_some(cfg)
 }
 
+/// Chunks a segment holds at least by default: its warm-up (a chunk or two where the gates decay
+/// fast) is then a few percent of its work.
+const MIN_SEG_CHUNKS: usize = 16;
+/// Warm-up chunks before a segment at most; a value head that would need more runs whole
+/// sequences (by the other launch).
+const WARM_MAX_CHUNKS: i64 = 48;
+/// The summed log-decay that ends a warm-up: what it leaves out of a segment's entering state is
+/// scaled by at most e^-50 (2e-22; see chunk_recurrent_regs.cu).
+const WARM_LOG: f32 = -50.0;
+
+/// The segmented launch of `chunk_recurrent_regs` where it applies (beside `cfg`, the one over
+/// whole sequences): its configuration, the most segments a sequence, the fewest chunks a
+/// segment. By default where blocks of 128 columns over whole sequences would leave SMs idle
+/// and the segments' blocks are wider than `cfg`'s; never with chunk states asked for.
+fn segmenting(
+    dev: &CudaDevice,
+    p: &Problem,
+    opts: &Options,
+    tuning: &Tuning,
+    cfg: &Config,
+    chunk_states: bool,
+) -> Option<(Config, usize, usize)> {
+    if !cfg.regs || chunk_states {
+        return None;
+    }
+    let longest = (0..p.num_seqs())
+        .map(|n| p.seq_chunks(n).len())
+        .max()
+        .unwrap_or(0);
+    let (segments, min_seg) = match tuning.segments {
+        Some(0 | 1) => return None,
+        Some(n) => (n, 1),
+        None => {
+            let blocks = p.num_seqs() * p.v_heads() * p.dv().div_ceil(128);
+            let fill = sm_count(dev) / blocks.max(1);
+            (fill.min(longest / MIN_SEG_CHUNKS).min(8), MIN_SEG_CHUNKS)
+        }
+    };
+    if segments < 2 || longest < 2 * min_seg {
+        return None;
+    }
+    let seg = regs_config_for(dev, p, p.num_seqs() * segments, opts, cfg.dtype, tuning)?;
+    if tuning.segments.is_none() && seg.vt <= cfg.vt {
+        return None;
+    }
+    Some((Config { out: cfg.out, ..seg }, segments, min_seg))
+}
+
 /// Device pointers of one fused forward (`0` for an absent optional one). Inputs in FLA's
 /// layouts; q, k, v in `dtype`, every other tensor f32; states K-major `[N, HV, K, V]`.
 #[derive(Clone, Copy, Debug)]
@@ -635,6 +704,8 @@ struct IntraParams {
     scal: u64,
     chunk_start: u64,
     chunk_len: u64,
+    v: u64,
+    chunk_decay: u64,
     chunks: i64,
     h: i64,
     hv: i64,
@@ -667,6 +738,12 @@ struct RecParams {
     h: i64,
     hv: i64,
     tiled: i32,
+    part: i32,
+    chunk_decay: u64,
+    segments: i64,
+    min_seg: i64,
+    warm_max: i64,
+    warm_log: f32,
 }
 
 // SAFETY: plain #[repr(C)] data mirrored field by field in the .cu files, passed by value.
@@ -781,6 +858,8 @@ pub(crate) fn forward_with_tables(
     let a_inv = io.workspace;
     let pbuf = a_inv + rows * cfg.row_bytes() as u64;
     let scal = pbuf + rows * cfg.row_bytes() as u64;
+    let seg = segmenting(dev, p, opts, tuning, &cfg, io.chunk_states != 0);
+    let chunk_decay = if seg.is_some() { scal + rows * 16 } else { 0 };
     // Timing knob: DELTANET_FUSED_ONLY=intra or =recurrent launches one kernel alone (results
     // then wrong), to split the forward's time between the two.
     let only = std::env::var("DELTANET_FUSED_ONLY").unwrap_or_default();
@@ -797,6 +876,8 @@ pub(crate) fn forward_with_tables(
             scal,
             chunk_start: t.chunks.start,
             chunk_len: t.chunks.len,
+            v: io.v,
+            chunk_decay,
             chunks: chunks as i64,
             h: p.heads() as i64,
             hv: hv as i64,
@@ -838,23 +919,44 @@ pub(crate) fn forward_with_tables(
         h: p.heads() as i64,
         hv: hv as i64,
         tiled: i32::from(p.head_map() == crate::HeadMap::Tiled),
+        part: 0,
+        chunk_decay,
+        segments: 1,
+        min_seg: 1,
+        warm_max: WARM_MAX_CHUNKS,
+        warm_log: WARM_LOG,
     };
     if only == "intra" {
         return Ok(());
     }
-    let rec = cfg.recurrent();
-    let f = function(dev, rec, &cfg)?;
-    let shared = cfg.shared_bytes(rec);
-    let items = p.num_seqs() * hv * (p.dv() / cfg.vt);
-    // SAFETY: as for chunk_intra (both recurrent kernels take the same parameters).
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&rp)
-            .launch(grid(items, cfg.threads(rec), shared))
+    let launch = |cfg: &Config, rp: &RecParams, segments: usize| -> Result<()> {
+        let rec = cfg.recurrent();
+        let f = function(dev, rec, cfg)?;
+        let shared = cfg.shared_bytes(rec);
+        let items = p.num_seqs() * segments * hv * (p.dv() / cfg.vt);
+        // SAFETY: as for chunk_intra (both recurrent kernels take the same parameters).
+        unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(rp)
+                .launch(grid(items, cfg.threads(rec), shared))
+        }
+        .map(|_| ())
+        .map_err(cuda_err(format!("launching {}", rec.name())))
+    };
+    match seg {
+        None => launch(&cfg, &rp, 1),
+        Some((seg_cfg, segments, min_seg)) => {
+            let rp = RecParams {
+                segments: segments as i64,
+                min_seg: min_seg as i64,
+                ..rp
+            };
+            // The value heads that run in segments, then every other one over whole sequences.
+            launch(&seg_cfg, &RecParams { part: 1, ..rp }, segments)?;
+            launch(&cfg, &RecParams { part: 2, ..rp }, 1)
+        }
     }
-    .map_err(cuda_err(format!("launching {}", rec.name())))?;
-    Ok(())
 }
 
 /// [`forward`] on f32 device buffers (the [`crate::Backend`] path), allocating the outputs and

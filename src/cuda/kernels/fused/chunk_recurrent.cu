@@ -45,6 +45,10 @@ struct RecParams {
     u64 chunk_start, chunk_len, seq_first_chunk;  // i64
     i64 seqs, h, hv;
     int tiled;
+    int part;                      // segments: chunk_recurrent_regs only (0 here)
+    u64 chunk_decay;
+    i64 segments, min_seg, warm_max;
+    float warm_log;
 };
 
 #define SVR STRIDE_B(VT)  // raw v rows, in_t

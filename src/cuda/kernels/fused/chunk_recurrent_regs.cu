@@ -26,6 +26,21 @@
 // beside it. Why: one block of two warps per SM (B = 1, HV = 32) is bound by the latency of one
 // warp's chain of products; the split shortens that chain from five products to three and puts
 // four warps on each SM. Named barriers order the hand-overs (see the chunk loop).
+// Segments (part != 0): where one sequence's (value head, column tile) blocks cannot fill the
+// GPU, part 1 cuts each sequence into up to `segments` runs of chunks, one block per (segment,
+// value head, tile), so that more, wider blocks run at once. A segment's entering state is
+// formed by a warm-up: from a zero state over the w chunks before it (state only, no output),
+// w the fewest whose summed log-decay (chunk_intra's chunk_decay) falls below warm_log, or a
+// hard reset, or the sequence start (then from h0: no approximation at all). What the warm-up
+// drops is the true entering state of its first chunk times the chunks' transitions, each
+// exp(g) (I - beta k k^T) of norm at most exp(g) where beta |k|^2 lies in [0, 2] (chunk_intra
+// marks chunks where it does not: +inf, never below the bound); so the entering state is exact
+// up to exp(warm_log) (warm_log = -50: 2e-22) of the dropped state's norm. A value head whose
+// boundaries all find such a w within warm_max chunks, with no non-finite chunk before its last
+// boundary (NaN would stay in the state: the whole sequence must run), is segmented; part 2
+// runs every other value head over whole sequences, so that both launches together cover each
+// (sequence, value head) once. Both decide alike (head_segmented reads the same values in the
+// same order).
 // Non-finite inputs, as chunk_recurrent: lv is the first row marked by chunk_intra (NaN
 // scalings) or holding a non-finite v in this warp's columns; R is zeroed from lv on, the outputs
 // from lv on and the state leaving the chunk are NaN for these columns.
@@ -92,7 +107,58 @@ struct RecParams {
     u64 chunk_start, chunk_len, seq_first_chunk;  // i64
     i64 seqs, h, hv;
     int tiled;
+    int part;                     // 0: whole sequences; 1: segmented heads; 2: the other heads
+    u64 chunk_decay;              // [chunks, HV] f32 (chunk_intra), with part != 0
+    i64 segments, min_seg, warm_max;  // most segments a sequence; chunks a segment at least;
+                                      // warm-up chunks at most
+    float warm_log;               // the summed log-decay that ends a warm-up (negative)
 };
+
+// Segments of a sequence of cnt chunks, and where segment s of S starts.
+__device__ __forceinline__ i64 seg_count(const RecParams& P, i64 cnt) {
+    return max((i64)1, min(P.segments, cnt / P.min_seg));
+}
+__device__ __forceinline__ i64 seg_start(i64 c_first, i64 cnt, i64 s, i64 S) { return c_first + cnt * s / S; }
+
+// Warm-up chunks before chunk cb (a segment's first; chunks from c_first), or -1 if more than
+// warm_max would be needed. Every lane of the warp takes part and gets the same answer.
+__device__ i64 warm_chunks(const RecParams& P, i64 c_first, i64 cb, i64 j, int lane) {
+    const float* dec = (const float*)P.chunk_decay;
+    const i64 avail = cb - c_first, most = min(avail, P.warm_max);
+    float carry = 0.0f;
+    for (i64 w0 = 0; w0 < most; w0 += 32) {
+        const i64 w = w0 + lane;  // chunk cb - 1 - w
+        const bool in = w < most;
+        const float x = in ? dec[(cb - 1 - w) * P.hv + j] : 0.0f;
+        const bool reset = in && x == -__int_as_float(0x7f800000);
+        float sum = reset ? 0.0f : x;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, sum, o);
+            if (lane >= o) sum = y + sum;
+        }
+        sum = carry + sum;
+        const unsigned stop = __ballot_sync(0xffffffffu, reset || (in && sum < P.warm_log));
+        if (stop) return w0 + __ffs(stop);
+        carry = __shfl_sync(0xffffffffu, sum, 31);
+    }
+    return avail <= P.warm_max ? avail : -1;
+}
+
+// Whether value head j of sequence n (chunks [c_first, c_end)) runs in segments.
+__device__ bool head_segmented(const RecParams& P, i64 c_first, i64 c_end, i64 j, int lane) {
+    const i64 cnt = c_end - c_first, S = seg_count(P, cnt);
+    if (S < 2) return false;
+    const float* dec = (const float*)P.chunk_decay;
+    bool nan = false;
+    const i64 last = seg_start(c_first, cnt, S - 1, S);
+#pragma unroll 4
+    for (i64 c = c_first + lane; c < last; c += 32) nan |= isnan(dec[c * P.hv + j]);
+    if (__any_sync(0xffffffffu, nan)) return false;
+    for (i64 s = 1; s < S; ++s)
+        if (warm_chunks(P, c_first, seg_start(c_first, cnt, s, S), j, lane) < 0) return false;
+    return true;
+}
 
 struct Stage {
     u16* K;       // [C][SK]
@@ -211,9 +277,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #endif
 #endif
 
-    BLOCK_LOOP(item, P.seqs * hv * tiles) {
+    const i64 segs = P.part == 1 ? P.segments : 1;
+    BLOCK_LOOP(item, P.seqs * segs * hv * tiles) {
         const i64 tile = item % tiles, rest = item / tiles;
-        const i64 j = rest % hv, n = rest / hv;
+        const i64 j = rest % hv, sn = rest / hv, s = sn % segs, n = sn / segs;
+        const i64 c_first = seq_first_chunk[n], c_end = seq_first_chunk[n + 1];
+        // This item's chunks [c_from, ce), its outputs from cs on.
+        i64 c_from = c_first, cs = c_first, ce = c_end;
+        bool last_seg = true;
+        if (P.part != 0) {
+            // Every warp decides alike: the branches below are the block's.
+            if (head_segmented(P, c_first, c_end, j, lane) != (P.part == 1)) continue;
+            if (P.part == 1) {
+                const i64 cnt = c_end - c_first, S = seg_count(P, cnt);
+                if (s >= S) continue;
+                cs = seg_start(c_first, cnt, s, S);
+                ce = seg_start(c_first, cnt, s + 1, S);
+                last_seg = s == S - 1;
+                c_from = s == 0 ? cs : cs - warm_chunks(P, c_first, cs, j, lane);
+            }
+        }
         const i64 kh = qk_head(j, P.h, hv, P.tiled);
         const i64 c0 = tile * VT;
         // Queues chunk ci's rows into stage buffer b (rows past the chunk's end are zero).
@@ -246,34 +329,34 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         for (int nd = nd0; nd < nd0 + NDH; ++nd) {
             float x[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) x[e] = h0 ? h0[sbase + state_at(nd, e)] : 0.0f;
+            for (int e = 0; e < 4; ++e) x[e] = h0 && c_from == c_first ? h0[sbase + state_at(nd, e)] : 0.0f;
             hs0[32 * nd] = make_float4(x[0], x[1], x[2], x[3]);
         }
         __syncthreads();  // every warp is past the previous item's reads of the stage buffers
 
-        const i64 c_first = seq_first_chunk[n], c_end = seq_first_chunk[n + 1];
-        if (c_first < c_end) issue(c_first, 0);
-        for (i64 ci = c_first; ci < c_end; ++ci) {
+        if (c_from < ce) issue(c_from, 0);
+        for (i64 ci = c_from; ci < ce; ++ci) {
             const i64 start = chunk_start[ci];
             const int len = (int)chunk_len[ci];
-            const int b = NBUF == 2 ? (int)((ci - c_first) & 1) : 0;
+            const bool emit = ci >= cs;  // else a warm-up chunk: the state only
+            const int b = NBUF == 2 ? (int)((ci - c_from) & 1) : 0;
             cp_async_wait<0>();
             // This chunk's rows are visible to every warp, and every warp is past chunk ci - 1,
             // the last reader of the other buffer.
             __syncthreads();
 #if NBUF == 2
-            if (ci + 1 < c_end) issue(ci + 1, b ^ 1);
+            if (ci + 1 < ce) issue(ci + 1, b ^ 1);
 #endif
             const Stage st = stage_at(smem_raw + b * stage_bytes());
             // h entering the chunk, and where the update writes h leaving it.
-            const int hb = HBUF == 2 ? (int)((ci - c_first) & 1) : 0;
+            const int hb = HBUF == 2 ? (int)((ci - c_from) & 1) : 0;
             const float4* hs = hs0 + hb * HSTRIDE;
             float4* hs_up = hs0 + (HBUF == 2 ? hb ^ 1 : 0) * HSTRIDE;
             const SmemRows Kr = smem_rows(st.K, SK), Qr = smem_rows(st.Q, SK);
             const SmemRows Xr = smem_rows(st.X, SPL), Pr = smem_rows(st.Pm, SPL);
             // The state entering the chunk, by the warp that reads h anyway (the output warp when
             // split: off the state warp's chain).
-            if (hst && (!SPLIT_OUT || !state_warp)) {
+            if (hst && emit && (!SPLIT_OUT || !state_warp)) {
                 float* hp = hst + (ci * hv + j) * kv + c0 + cw + g + 2 * t * DV;
 #pragma unroll
                 for (int nd = 0; nd < NDT; ++nd) {
@@ -381,23 +464,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #endif
             } else {
                 float qh[NTT][4];
-                output_qh(qh);
+                if (emit) output_qh(qh);
 #if HBUF == 1
                 bar_arrive(2, THREADS);
 #endif
                 bar_sync(1, GROUPS * 64);
+                if (emit) {
 #pragma unroll
-                for (int a = 0; a < NTT; ++a) {
-                    const float4 x = vx[32 * a];
-                    vn[a][0] = x.x;
-                    vn[a][1] = x.y;
-                    vn[a][2] = x.z;
-                    vn[a][3] = x.w;
+                    for (int a = 0; a < NTT; ++a) {
+                        const float4 x = vx[32 * a];
+                        vn[a][0] = x.x;
+                        vn[a][1] = x.y;
+                        vn[a][2] = x.z;
+                        vn[a][3] = x.w;
+                    }
+                    output_rest(qh, vn, *lv_at);
                 }
-                output_rest(qh, vn, *lv_at);
             }
 #else
-            {
+            if (emit) {
                 // (QH^T is formed here rather than beside KH^T, splitting h again: fewer live
                 // registers.)
                 float qh[NTT][4];
@@ -449,11 +534,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             }
 #if NBUF == 1
             __syncthreads();  // every warp is done with the buffer before it is refilled
-            if (ci + 1 < c_end) issue(ci + 1, 0);
+            if (ci + 1 < ce) issue(ci + 1, 0);
 #endif
         }
-        if (fin && state_warp) {
-            const float4* hs = hs0 + (HBUF == 2 ? (int)((c_end - c_first) & 1) : 0) * HSTRIDE;
+        if (fin && state_warp && last_seg) {
+            const float4* hs = hs0 + (HBUF == 2 ? (int)((ce - c_from) & 1) : 0) * HSTRIDE;
 #pragma unroll
             for (int nd = nd0; nd < nd0 + NDH; ++nd)
 #pragma unroll
