@@ -67,13 +67,19 @@ static float __shfl_sync(unsigned, float v, int src) {
     w.bar.arrive_and_wait();
     return r;
 }
-static float __shfl_xor_sync(unsigned, float v, int m) {
+template <class T>
+static T __shfl_xor_sync(unsigned, T v, int m) {
+    static_assert(sizeof(T) == 4, "4-byte values only");
     Warp& w = *my_warp;
-    w.xf[my_lane] = v;
+    int b;
+    std::memcpy(&b, &v, 4);
+    w.xi[my_lane] = b;
     w.bar.arrive_and_wait();
-    const float r = w.xf[my_lane ^ m];
+    const int r = w.xi[my_lane ^ m];
     w.bar.arrive_and_wait();
-    return r;
+    T out;
+    std::memcpy(&out, &r, 4);
+    return out;
 }
 // Any 4-byte value (float or int), through the warp's int slots.
 template <class T>

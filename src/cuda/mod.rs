@@ -86,6 +86,121 @@ pub struct CudaDevice {
     max_shared: usize,
     functions: Mutex<HashMap<(Kernel, Option<usize>), CudaFunction>>,
     tables: Mutex<Vec<(Problem, Arc<Tables>)>>,
+    side: SideStream,
+}
+
+/// A second stream of the device's context and two events that order it against the main
+/// stream, made with the device (never while a graph is being captured). Kept as raw driver
+/// handles: a cudarc stream would switch the context to cudarc's multi-stream mode, whose
+/// per-buffer events an engine's own buffers would then pay for. Only kernels over raw pointers
+/// run on it, between a fork and a join, so that a captured graph holds both branches.
+pub(crate) struct SideStream {
+    ctx: Arc<CudaContext>,
+    stream: cudarc::driver::sys::CUstream,
+    fork: cudarc::driver::sys::CUevent,
+    join: cudarc::driver::sys::CUevent,
+}
+
+// SAFETY: the handles are the driver's, usable from any thread with the context bound (each
+// method binds it); recording and waiting on them from several threads at once only orders
+// work later than asked (each wait sees a record at or after its own).
+unsafe impl Send for SideStream {}
+// SAFETY: as above.
+unsafe impl Sync for SideStream {}
+
+impl SideStream {
+    fn new(ctx: &Arc<CudaContext>) -> std::result::Result<SideStream, cudarc::driver::DriverError> {
+        use cudarc::driver::{result, sys};
+        ctx.bind_to_thread()?;
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+        let fork = result::event::create(flags)?;
+        let join = result::event::create(flags)?;
+        Ok(SideStream {
+            ctx: ctx.clone(),
+            stream,
+            fork,
+            join,
+        })
+    }
+
+    /// The side stream waits for everything queued on `main` so far.
+    pub(crate) fn fork_from(&self, main: &CudaStream) -> Result<()> {
+        use cudarc::driver::{result, sys};
+        let err = |e| cuda_err("ordering the second stream after the first")(e);
+        self.ctx.bind_to_thread().map_err(&err)?;
+        // SAFETY: live handles of this context (dropped only with the device).
+        unsafe {
+            result::event::record(self.fork, main.cu_stream()).map_err(&err)?;
+            result::stream::wait_event(
+                self.stream,
+                self.fork,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(err)
+        }
+    }
+
+    /// `main` waits for everything queued on the side stream so far.
+    pub(crate) fn join_into(&self, main: &CudaStream) -> Result<()> {
+        use cudarc::driver::{result, sys};
+        let err = |e| cuda_err("ordering the first stream after the second")(e);
+        self.ctx.bind_to_thread().map_err(&err)?;
+        // SAFETY: as in fork_from.
+        unsafe {
+            result::event::record(self.join, self.stream).map_err(&err)?;
+            result::stream::wait_event(
+                main.cu_stream(),
+                self.join,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(err)
+        }
+    }
+
+    /// Launches `f` on the side stream with one by-value parameter.
+    ///
+    /// # Safety
+    /// `P` must mirror the kernel's one parameter and every pointer in it hold its tensor until
+    /// the work completes.
+    pub(crate) unsafe fn launch<P: Copy>(
+        &self,
+        f: &cudarc::driver::CudaFunction,
+        cfg: cudarc::driver::LaunchConfig,
+        param: &P,
+    ) -> Result<()> {
+        let err = |e| cuda_err("launching on the second stream")(e);
+        self.ctx.bind_to_thread().map_err(&err)?;
+        let mut arg = *param;
+        let mut params = [&mut arg as *mut P as *mut std::ffi::c_void];
+        // SAFETY: the caller's contract; the driver copies the parameter before returning.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                f.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                self.stream,
+                &mut params,
+            )
+        }
+        .map_err(err)
+    }
+}
+
+impl Drop for SideStream {
+    fn drop(&mut self) {
+        use cudarc::driver::result;
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: handles made in new, not used after this. Errors cannot be reported here.
+            unsafe {
+                let _ = result::stream::synchronize(self.stream);
+                let _ = result::event::destroy(self.fork);
+                let _ = result::event::destroy(self.join);
+                let _ = result::stream::destroy(self.stream);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -128,7 +243,9 @@ fn on_stream(stream: Arc<CudaStream>) -> Result<CudaDevice> {
     let max_shared = ctx
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         .map_err(unavailable("shared memory size"))?;
+    let side = SideStream::new(&ctx).map_err(unavailable("a second stream"))?;
     Ok(CudaDevice {
+        side,
         ordinal: ctx.ordinal(),
         ctx,
         stream,
@@ -142,8 +259,8 @@ fn on_stream(stream: Arc<CudaStream>) -> Result<CudaDevice> {
 
 fn open(ordinal: usize) -> Result<CudaDevice> {
     let ctx = CudaContext::new(ordinal).map_err(unavailable("no usable GPU"))?;
-    // One stream carries all work, so cudarc's per-buffer events (for cross-stream ordering)
-    // would only add cost.
+    // One stream carries all work on buffers (the second, SideStream, only kernels over raw
+    // pointers, ordered by events), so cudarc's per-buffer events would only add cost.
     // SAFETY: every buffer made through this context object is used on its one stream only.
     unsafe { ctx.disable_event_tracking() };
     let stream = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
@@ -251,6 +368,11 @@ impl CudaDevice {
     /// The stream all of this device's work is queued on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The second stream (see [`SideStream`]).
+    pub(crate) fn side_stream(&self) -> &SideStream {
+        &self.side
     }
 
     /// Dynamic shared memory a block may use (after opting in), in bytes.

@@ -385,9 +385,11 @@ pub fn shaped_for(p: &Problem, opts: &Options) -> bool {
 
 /// Workspace of [`forward`], in bytes: per token and value head, `a_inv` and `p` rows (64 f32
 /// each, or 192 bf16 each for `chunk_recurrent_regs`) and four f32 row scalings; per chunk and
-/// value head, one f32 (its total log-decay, for segments).
+/// value head, one f32 (its total log-decay, for segments); per sequence, segment, value head
+/// and state column, two i32 (non-finite marks of a segment's leaving state).
 pub fn workspace_bytes(p: &Problem) -> usize {
-    (p.tokens() * WS_PER_ROW + p.chunks().len()) * p.v_heads() * 4
+    let marks = p.num_seqs() * MAX_SEGMENTS * 2 * p.dv();
+    (p.tokens() * WS_PER_ROW + p.chunks().len() + marks) * p.v_heads() * 4
 }
 
 /// Choices of the fused kernels that change their speed, not their results (beyond rounding).
@@ -617,6 +619,8 @@ const WARM_MAX_CHUNKS: i64 = 48;
 /// The summed log-decay that ends a warm-up: what it leaves out of a segment's entering state is
 /// scaled by at most e^-50 (2e-22; see chunk_recurrent_regs.cu).
 const WARM_LOG: f32 = -50.0;
+/// Segments a sequence at most.
+const MAX_SEGMENTS: usize = 8;
 
 /// The segmented launch of `chunk_recurrent_regs` where it applies (beside `cfg`, the one over
 /// whole sequences): its configuration, the most segments a sequence, the fewest chunks a
@@ -639,18 +643,24 @@ fn segmenting(
         .unwrap_or(0);
     let (segments, min_seg) = match tuning.segments {
         Some(0 | 1) => return None,
-        Some(n) => (n, 1),
+        Some(n) => (n.min(MAX_SEGMENTS), 1),
         None => {
             let blocks = p.num_seqs() * p.v_heads() * p.dv().div_ceil(128);
             let fill = sm_count(dev) / blocks.max(1);
-            (fill.min(longest / MIN_SEG_CHUNKS).min(8), MIN_SEG_CHUNKS)
+            (
+                fill.min(longest / MIN_SEG_CHUNKS).min(MAX_SEGMENTS),
+                MIN_SEG_CHUNKS,
+            )
         }
     };
     if segments < 2 || longest < 2 * min_seg {
         return None;
     }
     let seg = regs_config_for(dev, p, p.num_seqs() * segments, opts, cfg.dtype, tuning)?;
-    if tuning.segments.is_none() && seg.vt <= cfg.vt {
+    // Measured on an H200 (NOTES-GPU.md, call AV): 128 columns a block in segments against 32
+    // over whole sequences gain 10-30 %; 64 against 32 (fast, T=2048) and 128 against 64 (fast,
+    // B=2) lose 5 %.
+    if tuning.segments.is_none() && seg.vt < 4 * cfg.vt {
         return None;
     }
     Some((Config { out: cfg.out, ..seg }, segments, min_seg))
@@ -704,7 +714,6 @@ struct IntraParams {
     scal: u64,
     chunk_start: u64,
     chunk_len: u64,
-    v: u64,
     chunk_decay: u64,
     chunks: i64,
     h: i64,
@@ -740,6 +749,7 @@ struct RecParams {
     tiled: i32,
     part: i32,
     chunk_decay: u64,
+    nan_cols: u64,
     segments: i64,
     min_seg: i64,
     warm_max: i64,
@@ -860,6 +870,11 @@ pub(crate) fn forward_with_tables(
     let scal = pbuf + rows * cfg.row_bytes() as u64;
     let seg = segmenting(dev, p, opts, tuning, &cfg, io.chunk_states != 0);
     let chunk_decay = if seg.is_some() { scal + rows * 16 } else { 0 };
+    let nan_cols = if seg.is_some() {
+        chunk_decay + (chunks * hv * 4) as u64
+    } else {
+        0
+    };
     // Timing knob: DELTANET_FUSED_ONLY=intra or =recurrent launches one kernel alone (results
     // then wrong), to split the forward's time between the two.
     let only = std::env::var("DELTANET_FUSED_ONLY").unwrap_or_default();
@@ -876,7 +891,6 @@ pub(crate) fn forward_with_tables(
             scal,
             chunk_start: t.chunks.start,
             chunk_len: t.chunks.len,
-            v: io.v,
             chunk_decay,
             chunks: chunks as i64,
             h: p.heads() as i64,
@@ -921,6 +935,7 @@ pub(crate) fn forward_with_tables(
         tiled: i32::from(p.head_map() == crate::HeadMap::Tiled),
         part: 0,
         chunk_decay,
+        nan_cols,
         segments: 1,
         min_seg: 1,
         warm_max: WARM_MAX_CHUNKS,
@@ -929,32 +944,46 @@ pub(crate) fn forward_with_tables(
     if only == "intra" {
         return Ok(());
     }
-    let launch = |cfg: &Config, rp: &RecParams, segments: usize| -> Result<()> {
+    // items: blocks' work items; shared: false for part 3 (no shared memory); side: on the
+    // second stream.
+    let launch = |cfg: &Config, rp: &RecParams, items: usize, shared: bool, side: bool| {
         let rec = cfg.recurrent();
         let f = function(dev, rec, cfg)?;
-        let shared = cfg.shared_bytes(rec);
-        let items = p.num_seqs() * segments * hv * (p.dv() / cfg.vt);
+        let shared = if shared { cfg.shared_bytes(rec) } else { 0 };
+        let lc = grid(items, cfg.threads(rec), shared);
         // SAFETY: as for chunk_intra (both recurrent kernels take the same parameters).
         unsafe {
-            stream
-                .launch_builder(&f)
-                .arg(rp)
-                .launch(grid(items, cfg.threads(rec), shared))
+            if side {
+                dev.side_stream().launch(&f, lc, rp)
+            } else {
+                stream
+                    .launch_builder(&f)
+                    .arg(rp)
+                    .launch(lc)
+                    .map(|_| ())
+                    .map_err(cuda_err(format!("launching {}", rec.name())))
+            }
         }
-        .map(|_| ())
-        .map_err(cuda_err(format!("launching {}", rec.name())))
     };
+    let (seqs, tiles) = (p.num_seqs(), |c: &Config| p.dv() / c.vt);
     match seg {
-        None => launch(&cfg, &rp, 1),
+        None => launch(&cfg, &rp, seqs * hv * tiles(&cfg), true, false),
         Some((seg_cfg, segments, min_seg)) => {
             let rp = RecParams {
                 segments: segments as i64,
                 min_seg: min_seg as i64,
                 ..rp
             };
-            // The value heads that run in segments, then every other one over whole sequences.
-            launch(&seg_cfg, &RecParams { part: 1, ..rp }, segments)?;
-            launch(&cfg, &RecParams { part: 2, ..rp }, 1)
+            // The value heads that run in segments (then their non-finite columns handed on),
+            // and beside them, on the second stream, every other one over whole sequences:
+            // their blocks share the SMs.
+            let side = dev.side_stream();
+            side.fork_from(stream)?;
+            let items = seqs * segments * hv * tiles(&seg_cfg);
+            launch(&seg_cfg, &RecParams { part: 1, ..rp }, items, true, false)?;
+            launch(&cfg, &RecParams { part: 2, ..rp }, seqs * hv * tiles(&cfg), true, true)?;
+            launch(&seg_cfg, &RecParams { part: 3, ..rp }, seqs * segments * hv, false, false)?;
+            side.join_into(stream)
         }
     }
 }

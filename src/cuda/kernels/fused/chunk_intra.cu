@@ -20,8 +20,9 @@
 // value head), what bounds the chunk's effect on the state entering it: the chunk's total
 // log-decay gamma_last (-inf if a hard reset cuts it: the entering state is then dropped
 // exactly), +inf where some row has beta |k|^2 outside [0, 2] (then ||I - beta k k^T|| > 1 and
-// the decay alone bounds nothing), NaN where a row of q/k, g, beta or v is not finite (the
-// state goes NaN there and stays so: no segment may start after it).
+// the decay alone bounds nothing), NaN where a row of k, g or beta is not finite (the state goes
+// NaN there and stays so: no segment may start after it; a non-finite v poisons only its own
+// columns, which the recurrent kernel's segments hand on by themselves).
 // Non-finite inputs: lenf is the first row whose k, activated g (NaN or +inf; -inf is a reset)
 // or activated beta is not finite. A product with a zero weight still carries a NaN, so every
 // result is computed from the rows before lenf alone (beta is zeroed past it, the masks use
@@ -36,8 +37,7 @@ struct IntraParams {
     u64 q, k, g, beta, a_log, dt_bias;  // inputs: [tokens, H, K] x2 (in_t), [tokens, HV] f32 x2, [HV] x2
     u64 a_inv, p, scal;                 // outputs: [tokens, HV, 64] x2, [tokens, HV, 4] f32
     u64 chunk_start, chunk_len;         // i64 [chunks]
-    u64 v, chunk_decay;                 // [tokens, HV, V] in_t (read for its finiteness only),
-                                        // [chunks, HV] f32; or chunk_decay 0: neither
+    u64 chunk_decay;                    // [chunks, HV] f32, or 0
     i64 chunks, h, hv;
     float scale, beta_mult, reset;
     int tiled, l2norm, gate_in_kernel, beta_is_logits;
@@ -57,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
     float* rq = rk + C;
     float* dd = rq + C;
     int* first_bad = (int*)(dd + C);       // [4]: lenf in [0]; with chunk_decay, a row with beta
-                                           // |k|^2 outside [0, 2] in [1], a non-finite v in [2]
+                                           // |k|^2 outside [0, 2] in [1]
     // The staged q and k rows, and in the same memory once the products have read them (a
     // barrier lies between), A_strict and A_inv: half the shared memory, more blocks per SM.
     in_t* Ks = (in_t*)(first_bad + 4);     // [C][SK]
@@ -85,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
         // The previous item read lenf into registers several barriers ago.
         if (tid == 0) {
             first_bad[0] = len;
-            first_bad[1] = first_bad[2] = 0;
+            first_bad[1] = 0;
         }
         __syncthreads();
         // 1. Gate and beta activations (as the gate stage), q and k rows.
@@ -215,19 +215,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
                     if (P.chunk_decay && !(bk >= 0.0f && bk <= 2.0f)) atomicOr(first_bad + 1, 1);
                 }
             }
-        }
-        // v's rows of this value head, for their finiteness only (16-byte loads).
-        if (P.chunk_decay) {
-            constexpr int EV = 16 / (int)sizeof(in_t), NV = DV / EV;
-            const in_t* vr = (const in_t*)P.v + (start * hv + j) * DV;
-            bool bad = false;
-            for (int e = tid; e < len * NV; e += THREADS) {
-                const uint4 w = *(const uint4*)(vr + (i64)(e / NV) * hv * DV + (e % NV) * EV);
-                const in_t* x = (const in_t*)&w;
-#pragma unroll
-                for (int u = 0; u < EV; ++u) bad |= !isfinite(to_f(x[u]));
-            }
-            if (bad) atomicOr(first_bad + 2, 1);
         }
         __syncthreads();
         const int lenf = *first_bad;
@@ -449,7 +436,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             const int last = len - 1;
             float x = seg[last] != 0.0f ? -__int_as_float(0x7f800000) : gam[last] + lo[last];
             if (first_bad[1]) x = __int_as_float(0x7f800000);
-            if (lenf < len || first_bad[2]) x = __int_as_float(0x7fc00000);
+            if (lenf < len) x = __int_as_float(0x7fc00000);
             ((float*)P.chunk_decay)[c * hv + j] = x;
         }
         if (tid < len) {

@@ -46,7 +46,7 @@ struct RecParams {
     i64 seqs, h, hv;
     int tiled;
     int part;                      // segments: chunk_recurrent_regs only (0 here)
-    u64 chunk_decay;
+    u64 chunk_decay, nan_cols;
     i64 segments, min_seg, warm_max;
     float warm_log;
 };

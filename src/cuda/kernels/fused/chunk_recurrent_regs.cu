@@ -40,7 +40,11 @@
 // boundary (NaN would stay in the state: the whole sequence must run), is segmented; part 2
 // runs every other value head over whole sequences, so that both launches together cover each
 // (sequence, value head) once. Both decide alike (head_segmented reads the same values in the
-// same order).
+// same order). A non-finite v makes its columns of the state NaN from there on, in every later
+// segment too, whose warm-up may not reach back to it: part 1 marks the columns of each
+// segment's leaving state that are not finite (nan_cols), and part 3, after it, sets those
+// columns of every later segment's outputs (and of the final state) to NaN, as the recurrence
+// over the whole sequence would have them.
 // Non-finite inputs, as chunk_recurrent: lv is the first row marked by chunk_intra (NaN
 // scalings) or holding a non-finite v in this warp's columns; R is zeroed from lv on, the outputs
 // from lv on and the state leaving the chunk are NaN for these columns.
@@ -107,8 +111,10 @@ struct RecParams {
     u64 chunk_start, chunk_len, seq_first_chunk;  // i64
     i64 seqs, h, hv;
     int tiled;
-    int part;                     // 0: whole sequences; 1: segmented heads; 2: the other heads
+    int part;                     // 0: whole sequences; 1: segmented heads; 2: the other heads;
+                                  // 3: non-finite state columns handed on (after part 1)
     u64 chunk_decay;              // [chunks, HV] f32 (chunk_intra), with part != 0
+    u64 nan_cols;                 // [seqs, segments, HV, 2, V] int, with part 1 and 3
     i64 segments, min_seg, warm_max;  // most segments a sequence; chunks a segment at least;
                                       // warm-up chunks at most
     float warm_log;               // the summed log-decay that ends a warm-up (negative)
@@ -277,7 +283,33 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #endif
 #endif
 
-    const i64 segs = P.part == 1 ? P.segments : 1;
+    const i64 segs = P.part == 1 || P.part == 3 ? P.segments : 1;
+    int* const nan_cols = (int*)P.nan_cols;
+    if (P.part == 3) {
+        // One block per (sequence, segment s >= 1, value head): a column not finite in the state
+        // leaving any earlier segment is NaN in every output row of segment s.
+        BLOCK_LOOP(item, P.seqs * segs * hv) {
+            const i64 j = item % hv, sn = item / hv, s = sn % segs, n = sn / segs;
+            const i64 c_first = seq_first_chunk[n], c_end = seq_first_chunk[n + 1];
+            if (s == 0 || !head_segmented(P, c_first, c_end, j, lane)) continue;
+            const i64 cnt = c_end - c_first, S = seg_count(P, cnt);
+            if (s >= S) continue;
+            const i64 cs = seg_start(c_first, cnt, s, S), ce = seg_start(c_first, cnt, s + 1, S);
+            const i64 t0 = chunk_start[cs], t1 = chunk_start[ce - 1] + chunk_len[ce - 1];
+            for (int col = threadIdx.x; col < DV; col += THREADS) {
+                bool bad = false;
+                for (i64 s2 = 0; s2 < s; ++s2)
+#pragma unroll
+                    for (int hh = 0; hh < KSPLIT; ++hh)
+                        bad |= nan_cols[(((n * segs + s2) * hv + j) * 2 + hh) * DV + col] != 0;
+                if (!bad) continue;
+                for (i64 t = t0; t < t1; ++t) o[(t * hv + j) * DV + col] = from_f(__int_as_float(0x7fc00000));
+                if (fin && s == S - 1)
+                    for (int r = 0; r < DK; ++r) fin[(n * hv + j) * kv + (i64)r * DV + col] = __int_as_float(0x7fc00000);
+            }
+        }
+        return;
+    }
     BLOCK_LOOP(item, P.seqs * segs * hv * tiles) {
         const i64 tile = item % tiles, rest = item / tiles;
         const i64 j = rest % hv, sn = rest / hv, s = sn % segs, n = sn / segs;
@@ -536,6 +568,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             __syncthreads();  // every warp is done with the buffer before it is refilled
             if (ci + 1 < ce) issue(ci + 1, 0);
 #endif
+        }
+        if (P.part == 1 && state_warp && !last_seg) {
+            // The leaving state's non-finite columns (this lane's g and g + 8, over its tiles,
+            // then over its quad), one slot per K half.
+            const float4* hs = hs0 + (HBUF == 2 ? (int)((ce - c_from) & 1) : 0) * HSTRIDE;
+            int b0 = 0, b1 = 0;
+#pragma unroll
+            for (int nd = nd0; nd < nd0 + NDH; ++nd) {
+                const float4 x = hs[32 * nd];
+                b0 |= !isfinite(x.x) || !isfinite(x.y);
+                b1 |= !isfinite(x.z) || !isfinite(x.w);
+            }
+#pragma unroll
+            for (int o_ = 1; o_ < 4; o_ <<= 1) {
+                b0 |= __shfl_xor_sync(0xffffffffu, b0, o_);
+                b1 |= __shfl_xor_sync(0xffffffffu, b1, o_);
+            }
+            if (t == 0) {
+                int* f = nan_cols + (((n * segs + s) * hv + j) * 2 + half) * DV + c0 + cw + g;
+                f[0] = b0;
+                f[8] = b1;
+            }
         }
         if (fin && state_warp && last_seg) {
             const float4* hs = hs0 + (HBUF == 2 ? (int)((ce - c_from) & 1) : 0) * HSTRIDE;
