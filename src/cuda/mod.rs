@@ -89,8 +89,8 @@ pub struct CudaDevice {
     side: SideStream,
 }
 
-/// A second stream of the device's context and two events that order it against the main
-/// stream, made with the device (never while a graph is being captured). Kept as raw driver
+/// A second stream of the device's context (at the highest priority) and two events that order
+/// it against the main stream, made with the device (never while a graph is being captured). Kept as raw driver
 /// handles: a cudarc stream would switch the context to cudarc's multi-stream mode, whose
 /// per-buffer events an engine's own buffers would then pay for. Only kernels over raw pointers
 /// run on it, between a fork and a join, so that a captured graph holds both branches.
@@ -112,7 +112,14 @@ impl SideStream {
     fn new(ctx: &Arc<CudaContext>) -> std::result::Result<SideStream, cudarc::driver::DriverError> {
         use cudarc::driver::{result, sys};
         ctx.bind_to_thread()?;
-        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
+        // The highest priority: what runs on it is the longer branch (whole sequences beside
+        // segments), and without it the two launches overlapped in only some runs (NOTES-GPU.md,
+        // calls AX and AY).
+        let (_, greatest) = result::stream::get_priority_range()?;
+        let stream = result::stream::create_with_priority(
+            result::stream::StreamKind::NonBlocking,
+            greatest,
+        )?;
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
         let fork = result::event::create(flags)?;
         let join = result::event::create(flags)?;

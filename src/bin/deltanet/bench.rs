@@ -557,8 +557,7 @@ fn prefill_inputs(a: &Args) -> deltanet::Result<Inputs<'static>> {
         x.cu_seqlens = Some(varlen_cu_seqlens(n as usize, t));
     }
     let slow = (a.slow_heads * hv as f64).round() as usize;
-    if slow > 0 {
-        let every = hv / slow;
+    if let Some(every) = hv.checked_div(slow) {
         let mut g = x.g.to_f32().into_owned();
         for (i, x) in g.iter_mut().enumerate() {
             let j = i % hv;

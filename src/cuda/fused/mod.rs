@@ -542,9 +542,7 @@ fn regs_config_for(
     let pick = |widest: usize| {
         [128, 64, 32, 16]
             .into_iter()
-            .find(|&vt| {
-                vt <= widest && fits(vt) && 10 * seqs * p.v_heads() * (dv / vt) >= 9 * sms
-            })
+            .find(|&vt| vt <= widest && fits(vt) && 10 * seqs * p.v_heads() * (dv / vt) >= 9 * sms)
             .unwrap_or(16)
     };
     // Measured on an H200 (NOTES-GPU.md, versions 7 and 8): with blocks of 8 warps (B=8 HV=32,
@@ -663,7 +661,14 @@ fn segmenting(
     if tuning.segments.is_none() && seg.vt < 4 * cfg.vt {
         return None;
     }
-    Some((Config { out: cfg.out, ..seg }, segments, min_seg))
+    Some((
+        Config {
+            out: cfg.out,
+            ..seg
+        },
+        segments,
+        min_seg,
+    ))
 }
 
 /// Device pointers of one fused forward (`0` for an absent optional one). Inputs in FLA's
@@ -981,8 +986,20 @@ pub(crate) fn forward_with_tables(
             side.fork_from(stream)?;
             let items = seqs * segments * hv * tiles(&seg_cfg);
             launch(&seg_cfg, &RecParams { part: 1, ..rp }, items, true, false)?;
-            launch(&cfg, &RecParams { part: 2, ..rp }, seqs * hv * tiles(&cfg), true, true)?;
-            launch(&seg_cfg, &RecParams { part: 3, ..rp }, seqs * segments * hv, false, false)?;
+            launch(
+                &cfg,
+                &RecParams { part: 2, ..rp },
+                seqs * hv * tiles(&cfg),
+                true,
+                true,
+            )?;
+            launch(
+                &seg_cfg,
+                &RecParams { part: 3, ..rp },
+                seqs * segments * hv,
+                false,
+                false,
+            )?;
             side.join_into(stream)
         }
     }
