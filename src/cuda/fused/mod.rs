@@ -388,7 +388,7 @@ pub fn shaped_for(p: &Problem, opts: &Options) -> bool {
 /// value head, one f32 (its total log-decay, for segments); per sequence, segment, value head
 /// and state column, two i32 (non-finite marks of a segment's leaving state).
 pub fn workspace_bytes(p: &Problem) -> usize {
-    let marks = p.num_seqs() * MAX_SEGMENTS * 2 * p.dv();
+    let marks = p.num_seqs().min(MAX_SEGMENTED_SEQS) * MAX_SEGMENTS * 2 * p.dv();
     (p.tokens() * WS_PER_ROW + p.chunks().len() + marks) * p.v_heads() * 4
 }
 
@@ -619,11 +619,15 @@ const WARM_MAX_CHUNKS: i64 = 48;
 const WARM_LOG: f32 = -50.0;
 /// Segments a sequence at most.
 const MAX_SEGMENTS: usize = 8;
+/// Sequences a segmented forward holds at most (the workspace keeps marks for that many: more,
+/// shorter sequences fill the GPU without segments).
+const MAX_SEGMENTED_SEQS: usize = 64;
 
 /// The segmented launch of `chunk_recurrent_regs` where it applies (beside `cfg`, the one over
 /// whole sequences): its configuration, the most segments a sequence, the fewest chunks a
 /// segment. By default where blocks of 128 columns over whole sequences would leave SMs idle
-/// and the segments' blocks are wider than `cfg`'s; never with chunk states asked for.
+/// and the segments' blocks are at least 4x wider than `cfg`'s; never with chunk states asked
+/// for or over more than [`MAX_SEGMENTED_SEQS`] sequences.
 fn segmenting(
     dev: &CudaDevice,
     p: &Problem,
@@ -632,7 +636,7 @@ fn segmenting(
     cfg: &Config,
     chunk_states: bool,
 ) -> Option<(Config, usize, usize)> {
-    if !cfg.regs || chunk_states {
+    if !cfg.regs || chunk_states || p.num_seqs() > MAX_SEGMENTED_SEQS {
         return None;
     }
     let longest = (0..p.num_seqs())
