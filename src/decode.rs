@@ -283,7 +283,8 @@ pub fn decode_step(
     }
     match device {
         Device::Cpu => {
-            let (o, ts) = cpu_decode(&step, pool)?;
+            let mut o = vec![0f32; n * t * hv * dv];
+            let ts = cpu_decode(&step, pool, &mut o)?;
             Ok(DecodeOutput {
                 o: Tensor::cast_from_f32(&o, vec![n, t, hv, dv], out_dtype)?,
                 token_states: ts
@@ -304,6 +305,52 @@ pub fn decode_step(
             })
         }
     }
+}
+
+/// [`decode_step`] on the CPU into the caller's `o` (`[N, T, HV, V]`, f32 whatever
+/// `opts.out_dtype`; every element written, zeros for padding slots), as an engine calls it between tokens: the step allocates
+/// nothing of the size of its output or the pool, so a caller that keeps `o` pays no page
+/// faults for a fresh one each step. The per-token states are not written here (ask
+/// [`decode_step`] for them); per-token pool rows (`idx.per_token`) are.
+///
+/// ```
+/// use deltanet::decode::{decode_into, StateIndices};
+/// use deltanet::{Inputs, Options, Tensor};
+/// let (n, h, hv, k, v) = (2, 1, 2, 8, 8);
+/// let wave = |len: usize, a: f32| (0..len).map(|i| (i as f32 * a).sin()).collect::<Vec<f32>>();
+/// let x = Inputs::new(
+///     Tensor::from_f32(wave(n * h * k, 0.37), vec![n, 1, h, k])?,
+///     Tensor::from_f32(wave(n * h * k, 0.53), vec![n, 1, h, k])?,
+///     Tensor::from_f32(wave(n * hv * v, 0.71), vec![n, 1, hv, v])?,
+///     Tensor::from_f32(vec![-0.1; n * hv], vec![n, 1, hv])?,
+///     Tensor::from_f32(vec![0.5; n * hv], vec![n, 1, hv])?,
+/// );
+/// let opts = Options { use_qk_l2norm: true, ..Options::default() };
+/// let mut pool = wave(n * hv * k * v, 0.11);
+/// let mut same_pool = pool.clone();
+/// // Kept by the engine from step to step.
+/// let mut o = vec![0f32; n * hv * v];
+/// decode_into(&x, &mut pool, &StateIndices::default(), &opts, &mut o)?;
+/// let cpu = deltanet::Device::Cpu;
+/// let out = deltanet::decode::decode_step(&cpu, &x, &mut same_pool, &StateIndices::default(), false, &opts)?;
+/// assert_eq!(o, out.o.to_f32().into_owned());
+/// assert_eq!(pool, same_pool);
+/// # Ok::<(), deltanet::Error>(())
+/// ```
+pub fn decode_into(
+    x: &Inputs<'_>,
+    pool: &mut [f32],
+    idx: &StateIndices<'_>,
+    opts: &Options,
+    o: &mut [f32],
+) -> Result<()> {
+    let step = Step::new(x, pool.len(), idx, false, opts)?;
+    let (p, plan) = (&step.p, &step.plan);
+    check_len("o", o.len(), plan.n * plan.t * p.v_heads() * p.dv())?;
+    if plan.n * plan.t == 0 {
+        return Ok(());
+    }
+    cpu_decode(&step, pool, o).map(|_| ())
 }
 
 /// Whether [`crate::recurrent_step`] on CUDA runs as one decode launch: no varlen and head
@@ -369,7 +416,8 @@ fn cpu_decode_in_pool(
     pool: &mut [f32],
     x: Activated<'_>,
     scale: f32,
-) -> Vec<f32> {
+    o: &mut [f32],
+) {
     let Activated { q, k, v, g, beta } = x;
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let (n, t) = (plan.n, plan.t);
@@ -384,7 +432,11 @@ fn cpu_decode_in_pool(
         tiles *= 2;
     }
     let tw = dv / tiles;
-    let mut o = vec![0f32; n * t * hv * dv];
+    debug_assert_eq!(o.len(), n * t * hv * dv);
+    // Padding slots: zeros, every element of `o` being written.
+    for seq in (0..n).filter(|&seq| plan.read[seq] < 0) {
+        o[seq * t * hv * dv..][..t * hv * dv].fill(0.0);
+    }
     let (o_ptr, pool_ptr) = (Shared(o.as_mut_ptr()), Shared(pool.as_mut_ptr()));
     let pool_len = pool.len();
     // Small steps (a few MiB of states, about 0.1 ms) run partly on the calling thread.
@@ -535,12 +587,11 @@ fn cpu_decode_in_pool(
             }
         }
     });
-    o
 }
 
 /// The step on the CPU in f32: per (sequence, value head) the recurrence token by token, then
 /// the pool writes. Returns o and the dense per-token states.
-fn cpu_decode(step: &Step<'_>, pool: &mut [f32]) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+fn cpu_decode(step: &Step<'_>, pool: &mut [f32], o_out: &mut [f32]) -> Result<Option<Vec<f32>>> {
     let (p, plan, x, idx, opts) = (&step.p, &step.plan, step.x, step.idx, step.opts);
     let token_states = step.token_states;
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
@@ -576,8 +627,8 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32]) -> Result<(Vec<f32>, Option<Vec
             g: &g,
             beta: &beta,
         };
-        let o = cpu_decode_in_pool(p, plan, idx, pool, x, scale);
-        return Ok((o, None));
+        cpu_decode_in_pool(p, plan, idx, pool, x, scale, o_out);
+        return Ok(None);
     }
     let pool_ro: &[f32] = pool;
 
@@ -633,7 +684,8 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32]) -> Result<(Vec<f32>, Option<Vec
             s.to_vec()
         }
     };
-    let mut o = vec![0f32; n * t * hv * dv];
+    let o = o_out;
+    o.fill(0.0);
     let mut dense = token_states.then(|| vec![0f32; n * t * hv * kv]);
     for (task, res) in results.into_iter().enumerate() {
         let Some((ot, states)) = res else { continue };
@@ -670,7 +722,7 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32]) -> Result<(Vec<f32>, Option<Vec
         }
     }
     debug_assert!(plan.pool_rows * hv * kv == pool.len());
-    Ok((o, dense))
+    Ok(dense)
 }
 
 /// A decode step whose inputs, pool and outputs live on a GPU, made once from host data and

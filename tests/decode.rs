@@ -9,7 +9,7 @@ mod common;
 use std::sync::{Arc, OnceLock};
 
 use deltanet::cuda::CudaDevice;
-use deltanet::decode::{decode_step, DecodeOutput, Indices, StateIndices};
+use deltanet::decode::{decode_into, decode_step, DecodeOutput, Indices, StateIndices};
 use deltanet::reference::{reference, rel_l2};
 use deltanet::selftest::Rng;
 use deltanet::{recurrent_step, DType, Device, Error, HeadMap, Inputs, Options, Tensor};
@@ -494,6 +494,55 @@ fn cpu_pipelined_step_gives_the_bits_of_the_plain_one() {
             });
             assert_eq!(a.o.to_f32(), b.o.to_f32(), "o, {threads} threads, {opts:?}");
             assert_eq!(pool_a, pool_b, "pool, {threads} threads, {opts:?}");
+        }
+    }
+}
+
+#[test]
+fn cpu_decode_into_writes_every_element_as_decode_step() {
+    // Padding slots, separate write rows and per-token rows, both layouts, one and two tokens,
+    // V tiles (N = 3 at HV = 2 leaves few tasks per thread); `o` poisoned with NaN first.
+    let mut rng = Rng::new(31);
+    for (i, opts) in option_sets().into_iter().enumerate() {
+        let t = 1 + i % 2;
+        let s = sh(3, t, 1, 2, 16, 64, 3 * (2 + t));
+        let x = inputs(&mut rng, s, DType::BF16, &opts);
+        let mut plan = index_plan(&mut rng, s, i % 3 != 0, i % 2 == 1);
+        // A padding slot in every case, a live one beside it.
+        (plan.read[1], plan.read[2]) = (-1, plan.read[1].max(plan.read[2]));
+        let owned = Owned::new(&plan, i % 2 == 0);
+        let idx = owned.indices();
+        let pool0 = rng.normal(s.pool * s.hv * s.dk * s.dv, 0.3);
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let (mut pool_a, mut pool_b) = (pool0.clone(), pool0.clone());
+            let mut o = vec![f32::NAN; s.n * t * s.hv * s.dv];
+            let f32_out = Options {
+                out_dtype: Some(DType::F32),
+                ..opts.clone()
+            };
+            let want = pool.install(|| {
+                decode_into(&x, &mut pool_a, &idx, &opts, &mut o).unwrap();
+                decode_step(&Device::Cpu, &x, &mut pool_b, &idx, false, &f32_out).unwrap()
+            });
+            let want_o = want.o.to_f32();
+            assert!(
+                o.iter()
+                    .zip(want_o.iter())
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "o, {threads} threads, {opts:?}"
+            );
+            assert_eq!(pool_a, pool_b, "pool, {threads} threads, {opts:?}");
+            let padding = &o[t * s.hv * s.dv..][..t * s.hv * s.dv];
+            assert!(padding.iter().all(|&x| x == 0.0), "padding o, {opts:?}");
+        }
+        let mut short = vec![0f32; s.n * t * s.hv * s.dv - 1];
+        match decode_into(&x, &mut pool0.clone(), &idx, &opts, &mut short) {
+            Err(Error::Invalid { arg, .. }) if arg == "o" => {}
+            other => panic!("a short o: expected an Err naming o, got {other:?}"),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! a device-to-device copy of the same number of bytes, the bandwidth ceiling the step is
 //! measured against.
 
-use deltanet::decode::{decode_step, CudaStep, Indices, StateIndices};
+use deltanet::decode::{decode_into, CudaStep, Indices, StateIndices};
 use deltanet::selftest::{layer_inputs, Rng};
 use deltanet::{DType, Device, HostIo, Options};
 use indicatif::ProgressBar;
@@ -68,8 +68,11 @@ pub fn run(device: &Device, a: &DecodeBench, bar: &ProgressBar) -> Result<Vec<Ti
     let mut out = Vec::new();
     match device {
         Device::Cpu => {
+            // The engine's call: `o` kept from step to step, as llama.cpp's harness keeps its
+            // buffers (`decode_into`; `decode_step` allocates its output every step).
             let mut pool = pool;
-            let mut step = || decode_step(device, &x, &mut pool, &idx, false, &opts).map(|_| ());
+            let mut o = vec![0f32; n * t * hv * v];
+            let mut step = || decode_into(&x, &mut pool, &idx, &opts, &mut o);
             for _ in 0..a.warmup {
                 step()?;
                 bar.inc(1);

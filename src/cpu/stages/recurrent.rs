@@ -47,7 +47,8 @@ pub(crate) fn token_step(t: &mut Token<'_, '_>) {
             return unsafe { token_step_avx2(t) };
         }
     }
-    token_step_plain::<64, PORTABLE_FMA>(t)
+    let next = t.next;
+    rows_step::<PORTABLE_FMA>(t, |r| ahead_of(next, r))
 }
 
 /// Whether the portable build of [`token_step`] fuses its multiply-adds: where the target has
@@ -73,7 +74,102 @@ unsafe fn token_step_avx512(t: &mut Token<'_, '_>) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn token_step_avx2(t: &mut Token<'_, '_>) {
-    token_step_plain::<64, true>(t)
+    let next = t.next;
+    rows_step::<true>(t, |r| ahead_of(next, r))
+}
+
+/// Row `r` of the rows given as `Token::next`.
+#[inline(always)]
+fn ahead_of(next: Option<(*const f32, usize)>, r: usize) -> Option<*const f32> {
+    next.map(|(base, stride)| base.wrapping_add(r * stride))
+}
+
+/// [`token_step`] with whole rows: the first pass walks the state row by row, four rows at a
+/// time, each column's sums in `u` and `o` (in the cache) rather than registers, and the second
+/// pass row by row again, fetching row `r` of the state stepped next (`ahead(r)`) towards the
+/// cache as it goes. Each column's sums take the rows in order, one multiply-add each, so the
+/// bits are those of the column blocks ([`token_step_plain`]); the memory is walked in order,
+/// which the hardware prefetchers follow (column blocks narrower than a row, where the sums
+/// fit the sixteen AVX2 registers, leave them strided; NOTES-CPU.md), and the next state
+/// arrives during the second pass, which otherwise reads only the cache.
+#[inline(always)]
+fn rows_step<const FMA: bool>(t: &mut Token<'_, '_>, ahead: impl Fn(usize) -> Option<*const f32>) {
+    let Token {
+        state,
+        src,
+        k,
+        q,
+        v,
+        decay,
+        beta,
+        scale,
+        u,
+        o,
+        ..
+    } = t;
+    let (w, kdim) = (u.len(), k.len());
+    let (decay, beta, scale, src) = (*decay, *beta, *scale, *src);
+    let (ka, qa) = (&mut u[..w], &mut o[..w]);
+    ka.fill(0.0);
+    qa.fill(0.0);
+    {
+        let state: &[&mut [f32]] = state;
+        let row = |r: usize| -> &[f32] {
+            match src {
+                Some(src) => &src[r][..w],
+                None => &state[r][..w],
+            }
+        };
+        let mut r = 0;
+        while r + 4 <= kdim {
+            let (s0, s1, s2, s3) = (row(r), row(r + 1), row(r + 2), row(r + 3));
+            let (k0, k1, k2, k3) = (k[r], k[r + 1], k[r + 2], k[r + 3]);
+            let (q0, q1, q2, q3) = (q[r], q[r + 1], q[r + 2], q[r + 3]);
+            for c in 0..w {
+                let (x0, x1, x2, x3) = (s0[c], s1[c], s2[c], s3[c]);
+                let a = madd::<FMA>(k1, x1, madd::<FMA>(k0, x0, ka[c]));
+                ka[c] = madd::<FMA>(k3, x3, madd::<FMA>(k2, x2, a));
+                let b = madd::<FMA>(q1, x1, madd::<FMA>(q0, x0, qa[c]));
+                qa[c] = madd::<FMA>(q3, x3, madd::<FMA>(q2, x2, b));
+            }
+            r += 4;
+        }
+        for r in r..kdim {
+            let (s, kr, qr) = (row(r), k[r], q[r]);
+            for c in 0..w {
+                ka[c] = madd::<FMA>(kr, s[c], ka[c]);
+                qa[c] = madd::<FMA>(qr, s[c], qa[c]);
+            }
+        }
+    }
+    let kq = dot_fma::<FMA>(k, q);
+    let v = &v[..w];
+    for c in 0..w {
+        let ub = beta * madd::<FMA>(-decay, ka[c], v[c]);
+        qa[c] = scale * madd::<FMA>(ub, kq, decay * qa[c]);
+        ka[c] = ub;
+    }
+    let ub = &*ka;
+    for r in 0..kdim {
+        if let Some(p) = ahead(r) {
+            prefetch_row(p, w);
+        }
+        let kr = k[r];
+        let out = &mut state[r][..w];
+        match src {
+            Some(src) => {
+                let s = &src[r][..w];
+                for c in 0..w {
+                    out[c] = madd::<FMA>(kr, ub[c], decay * s[c]);
+                }
+            }
+            None => {
+                for x in out.iter_mut().zip(ub) {
+                    *x.0 = madd::<FMA>(kr, *x.1, decay * *x.0);
+                }
+            }
+        }
+    }
 }
 
 #[inline(always)]
@@ -199,7 +295,40 @@ pub(crate) fn token_steps(tokens: &mut [Token<'_, '_>]) {
         // SAFETY: AVX-512F was just detected.
         return unsafe { token_steps_avx512(tokens) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: AVX2 and FMA were just detected.
+        return unsafe { token_steps_avx2(tokens) };
+    }
     tokens.iter_mut().for_each(token_step);
+}
+
+/// [`token_steps`] compiled for AVX2 with FMA: each token by [`rows_step`], fetching the next
+/// token's state during its second pass.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn token_steps_avx2(tokens: &mut [Token<'_, '_>]) {
+    for i in 0..tokens.len() {
+        let (done, rest) = tokens.split_at_mut(i + 1);
+        let cur = &mut done[i];
+        let next = cur.next;
+        match rest.first() {
+            Some(after) => rows_step::<true>(cur, |r| Some(in_row(after, r))),
+            None => rows_step::<true>(cur, |r| ahead_of(next, r)),
+        }
+    }
+}
+
+/// Where token `t` reads row `r`: its source row, else its state row.
+#[inline(always)]
+fn in_row(t: &Token<'_, '_>, r: usize) -> *const f32 {
+    match t.src {
+        Some(src) => src[r].as_ptr(),
+        None => t.state[r].as_ptr(),
+    }
 }
 
 /// [`token_steps`] compiled for AVX-512, every token 128 columns wide.
@@ -375,4 +504,59 @@ pub fn recurrent(
         crate::cpu::scatter_rows(&mut o, &out, t0, hv, j, dv);
     }
     Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The row-major step gives the bits of the column blocks (each column's sums over the rows
+    /// in order), for any width and row count, in place and from a separate source.
+    #[test]
+    fn rows_step_gives_the_bits_of_the_column_blocks() {
+        let mut seed = 7u32;
+        let mut rnd = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for (kdim, w) in [(128, 128), (7, 40), (13, 3), (4, 16), (1, 1), (130, 96)] {
+            for from_src in [false, true] {
+                let state0: Vec<f32> = (0..kdim * w).map(|_| rnd()).collect();
+                let src: Vec<f32> = (0..kdim * w).map(|_| rnd()).collect();
+                let (k, q, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+                    (0..kdim).map(|_| rnd()).collect(),
+                    (0..kdim).map(|_| rnd()).collect(),
+                    (0..w).map(|_| rnd()).collect(),
+                );
+                let run = |rows_major: bool| {
+                    let mut state = state0.clone();
+                    let mut rows: Vec<&mut [f32]> = state.chunks_exact_mut(w).collect();
+                    let src_rows: Vec<&[f32]> = src.chunks_exact(w).collect();
+                    let (mut u, mut o) = (vec![0f32; w], vec![0f32; w]);
+                    let mut t = Token {
+                        state: &mut rows,
+                        src: from_src.then_some(&src_rows[..]),
+                        k: &k,
+                        q: &q,
+                        v: &v,
+                        decay: 0.93,
+                        beta: 0.7,
+                        scale: 0.3,
+                        u: &mut u,
+                        o: &mut o,
+                        next: None,
+                    };
+                    if rows_major {
+                        rows_step::<true>(&mut t, |_| None);
+                    } else {
+                        token_step_plain::<16, true>(&mut t);
+                    }
+                    drop(rows);
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    (bits(&state), bits(&u), bits(&o))
+                };
+                assert_eq!(run(true), run(false), "K {kdim} V {w} from_src {from_src}");
+            }
+        }
+    }
 }
