@@ -541,7 +541,7 @@ fn cpu_decode_into_writes_every_element_as_decode_step() {
         }
         let mut short = vec![0f32; s.n * t * s.hv * s.dv - 1];
         match decode_into(&x, &mut pool0.clone(), &idx, &opts, &mut short) {
-            Err(Error::Invalid { arg, .. }) if arg == "o" => {}
+            Err(Error::Invalid { arg: "o", .. }) => {}
             other => panic!("a short o: expected an Err naming o, got {other:?}"),
         }
     }
