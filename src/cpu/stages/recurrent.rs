@@ -84,8 +84,15 @@ fn ahead_of(next: Option<(*const f32, usize)>, r: usize) -> Option<*const f32> {
     next.map(|(base, stride)| base.wrapping_add(r * stride))
 }
 
+/// Widths whose sums [`rows_step`] keeps on the stack.
+const SUMS_MAX: usize = 256;
+
+/// `S^T k` and `S^T q` of up to [`SUMS_MAX`] columns, aligned to a cache line.
+#[repr(align(64))]
+struct Sums([f32; SUMS_MAX]);
+
 /// [`token_step`] with whole rows: the first pass walks the state row by row, four rows at a
-/// time, each column's sums in `u` and `o` (in the cache) rather than registers, and the second
+/// time, each column's sums in memory (in the cache) rather than registers, and the second
 /// pass row by row again, fetching row `r` of the state stepped next (`ahead(r)`) towards the
 /// cache as it goes. Each column's sums take the rows in order, one multiply-add each, so the
 /// bits are those of the column blocks ([`token_step_plain`]); the memory is walked in order,
@@ -94,6 +101,28 @@ fn ahead_of(next: Option<(*const f32, usize)>, r: usize) -> Option<*const f32> {
 /// arrives during the second pass, which otherwise reads only the cache.
 #[inline(always)]
 fn rows_step<const FMA: bool>(t: &mut Token<'_, '_>, ahead: impl Fn(usize) -> Option<*const f32>) {
+    // The sums on the stack, aligned to cache lines: in the caller's `u` and `o` (16-byte
+    // aligned heap rows), or with the compiler not knowing which, the step took 1.2-1.5x as
+    // long (NOTES-CPU.md).
+    let w = t.u.len();
+    if w <= SUMS_MAX {
+        let (mut ka, mut qa) = (Sums([0.0; SUMS_MAX]), Sums([0.0; SUMS_MAX]));
+        rows_step_with::<FMA>(t, ahead, &mut ka.0[..w], &mut qa.0[..w]);
+    } else {
+        let mut sums = vec![0f32; 2 * w];
+        let (ka, qa) = sums.split_at_mut(w);
+        rows_step_with::<FMA>(t, ahead, ka, qa);
+    }
+}
+
+/// [`rows_step`] with its sums in `ka` and `qa` (`w` zeros each).
+#[inline(always)]
+fn rows_step_with<const FMA: bool>(
+    t: &mut Token<'_, '_>,
+    ahead: impl Fn(usize) -> Option<*const f32>,
+    ka: &mut [f32],
+    qa: &mut [f32],
+) {
     let Token {
         state,
         src,
@@ -109,9 +138,6 @@ fn rows_step<const FMA: bool>(t: &mut Token<'_, '_>, ahead: impl Fn(usize) -> Op
     } = t;
     let (w, kdim) = (u.len(), k.len());
     let (decay, beta, scale, src) = (*decay, *beta, *scale, *src);
-    let (ka, qa) = (&mut u[..w], &mut o[..w]);
-    ka.fill(0.0);
-    qa.fill(0.0);
     {
         let state: &[&mut [f32]] = state;
         let row = |r: usize| -> &[f32] {
@@ -146,8 +172,9 @@ fn rows_step<const FMA: bool>(t: &mut Token<'_, '_>, ahead: impl Fn(usize) -> Op
     let v = &v[..w];
     for c in 0..w {
         let ub = beta * madd::<FMA>(-decay, ka[c], v[c]);
-        qa[c] = scale * madd::<FMA>(ub, kq, decay * qa[c]);
+        o[c] = scale * madd::<FMA>(ub, kq, decay * qa[c]);
         ka[c] = ub;
+        u[c] = ub;
     }
     let ub = &*ka;
     for r in 0..kdim {
