@@ -441,6 +441,10 @@ fn cpu_decode_in_pool(
     let pool_len = pool.len();
     // Small steps (a few MiB of states, about 0.1 ms) run partly on the calling thread.
     let small = n * hv * kv <= 1 << 21;
+    // Each next state fetched during the step before it, where the states do not stay in the
+    // last-level cache from one step to the next (there it saves a third of the step; where
+    // they stay, it costs a tenth: NOTES-CPU.md).
+    let fetch = 4 * n * hv * kv > crate::cpu::last_level_cache() / 2;
     // With one token a step, tasks go in runs of consecutive ones (about eight runs per thread,
     // at most 16 tasks a run), each run stepped software-pipelined (`token_steps`: each state's
     // update beside the next one's sums); with more, one task at a time, its tokens in turn.
@@ -550,7 +554,7 @@ fn cpu_decode_in_pool(
                     }
                 })
                 .collect();
-            crate::cpu::token_steps(&mut tokens);
+            crate::cpu::token_steps(&mut tokens, fetch);
             drop(tokens);
             for (&task, o_row) in ids.iter().zip(&o_rows) {
                 let (tj, c0, ..) = token(task, 0);

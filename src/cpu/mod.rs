@@ -57,6 +57,28 @@ pub(crate) fn for_each_task(n: usize, small: bool, f: impl Fn(usize) + Sync + Se
     }
 }
 
+/// The size of the last-level cache in bytes (Linux's sysfs; 32 MiB where it cannot be read).
+pub(crate) fn last_level_cache() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        (0..8)
+            .rev()
+            .find_map(|i| {
+                let path = format!("/sys/devices/system/cpu/cpu0/cache/index{i}/size");
+                let text = std::fs::read_to_string(path).ok()?;
+                let text = text.trim();
+                let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit())?);
+                let scale = match unit {
+                    "K" => 1 << 10,
+                    "M" => 1 << 20,
+                    _ => return None,
+                };
+                digits.parse::<usize>().ok().map(|d| d * scale)
+            })
+            .unwrap_or(32 << 20)
+    })
+}
+
 /// The CPU device. Buffers are `Vec<f32>`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cpu;

@@ -316,7 +316,7 @@ fn update_row<const B: usize, const FMA: bool>(
 /// together with the first pass of token i + 1, so that the next state's reads overlap this
 /// one's writes (a two-pass step per state alone leaves them apart: `dev/cpu_micro/`,
 /// NOTES-CPU.md).
-pub(crate) fn token_steps(tokens: &mut [Token<'_, '_>]) {
+pub(crate) fn token_steps(tokens: &mut [Token<'_, '_>], fetch: bool) {
     #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
     if crate::cpu::kernel::have_avx512() && tokens.iter().all(|t| t.u.len() == 128) {
         // SAFETY: AVX-512F was just detected.
@@ -325,7 +325,7 @@ pub(crate) fn token_steps(tokens: &mut [Token<'_, '_>]) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
         // SAFETY: AVX2 and FMA were just detected.
-        return unsafe { token_steps_avx2(tokens) };
+        return unsafe { token_steps_avx2(tokens, fetch) };
     }
     tokens.iter_mut().for_each(token_step);
 }
@@ -337,12 +337,13 @@ pub(crate) fn token_steps(tokens: &mut [Token<'_, '_>]) {
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn token_steps_avx2(tokens: &mut [Token<'_, '_>]) {
+unsafe fn token_steps_avx2(tokens: &mut [Token<'_, '_>], fetch: bool) {
     for i in 0..tokens.len() {
         let (done, rest) = tokens.split_at_mut(i + 1);
         let cur = &mut done[i];
         let next = cur.next;
         match rest.first() {
+            _ if !fetch => rows_step::<true>(cur, |_| None),
             Some(after) => rows_step::<true>(cur, |r| Some(in_row(after, r))),
             None => rows_step::<true>(cur, |r| ahead_of(next, r)),
         }
