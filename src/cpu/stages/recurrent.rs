@@ -575,7 +575,9 @@ mod tests {
                         next: None,
                     };
                     if rows_major {
-                        rows_step::<true>(&mut t, |_| None);
+                        // Fetching rows ahead (here the source's) changes nothing.
+                        let ahead = src.as_ptr();
+                        rows_step::<true>(&mut t, |r| Some(ahead.wrapping_add(r * w)));
                     } else {
                         token_step_plain::<16, true>(&mut t);
                     }
