@@ -23,6 +23,7 @@
 
 use rayon::prelude::*;
 
+use crate::cpu::{Rows, RowsMut};
 use crate::dtype::{DType, Tensor};
 use crate::error::{check_len, Error, Result};
 use crate::options::Options;
@@ -462,48 +463,40 @@ fn cpu_decode_in_pool(
         let Some(&last) = ids.last() else {
             return;
         };
-        // The task's rows: columns c0..c0 + tw of each of its head's K rows.
-        let rows_at = |at: usize| (0..dk).map(move |r| at + r * dv);
         let mut scratch: Vec<Vec<f32>> = vec![Vec::new(); ids.len()];
+        // The task's rows: columns c0..c0 + tw of each of its head's K rows, `dv` apart.
         // SAFETY: `plan` checked that every row index lies inside the pool, that no row is
         // written by two sequences and that no row one sequence writes is read by another; so
         // the columns a task reads and writes (its head's, its tile's) are touched by no other
-        // task, and the slices made here overlap no other task's. `state` is its write row (a
-        // scratch copy when the step writes no state); `src` its read row where that differs.
-        type Rows<'a> = (Vec<&'a mut [f32]>, Option<Vec<&'a [f32]>>);
-        let mut rows: Vec<Rows<'_>> = ids
+        // task while the step runs. `state` is its write row (a scratch copy when the step writes
+        // no state); `src` its read row where that differs.
+        let mut rows: Vec<(RowsMut<'_>, Option<Rows<'_>>)> = ids
             .iter()
             .zip(scratch.iter_mut())
             .map(|(&task, scratch)| unsafe {
                 let (seq, j, tile) = (task / (hv * tiles), task / tiles % hv, task % tiles);
                 let row = plan.read[seq];
                 let w = idx.write.map_or(row, |w| w.get(seq));
-                let c0 = tile * tw;
-                let src_off = (row as usize * hv + j) * kv + c0;
-                debug_assert!(src_off + dk.saturating_sub(1) * dv + tw <= pool_len);
-                let read: Vec<&[f32]> = rows_at(src_off)
-                    .map(|at| std::slice::from_raw_parts(pool_ptr.0.add(at), tw))
-                    .collect();
-                if w < 0 {
-                    read.iter().for_each(|r| scratch.extend_from_slice(r));
-                    (scratch.chunks_exact_mut(tw).collect(), None)
-                } else if w == row {
-                    let rows = rows_at(src_off)
-                        .map(|at| std::slice::from_raw_parts_mut(pool_ptr.0.add(at), tw))
-                        .collect();
-                    (rows, None)
+                let at = |row: i64| {
+                    let off = (row as usize * hv + j) * kv + tile * tw;
+                    debug_assert!(off + dk.saturating_sub(1) * dv + tw <= pool_len);
+                    pool_ptr.0.add(off)
+                };
+                if w == row {
+                    (RowsMut::from_raw(at(row), dv, tw, dk), None)
                 } else {
-                    let dst_off = (w as usize * hv + j) * kv + c0;
-                    debug_assert!(dst_off + dk.saturating_sub(1) * dv + tw <= pool_len);
-                    let rows = rows_at(dst_off)
-                        .map(|at| std::slice::from_raw_parts_mut(pool_ptr.0.add(at), tw))
-                        .collect();
-                    (rows, Some(read))
+                    let read = Rows::from_raw(at(row), dv, tw, dk);
+                    if w < 0 {
+                        (0..dk).for_each(|r| scratch.extend_from_slice(read.row(r)));
+                        (RowsMut::new(scratch, tw, tw, dk), None)
+                    } else {
+                        (RowsMut::from_raw(at(w), dv, tw, dk), Some(read))
+                    }
                 }
             })
             .collect();
-        let mut u = vec![vec![0f32; tw]; ids.len()];
-        let mut o_rows = vec![vec![0f32; tw]; ids.len()];
+        let mut u = vec![0f32; ids.len() * tw];
+        let mut o_rows = vec![0f32; ids.len() * tw];
         // The state of task `nt`, fetched towards the cache during the last token of the task
         // before it (the next run's first task after this run's last: usually the next on this
         // thread).
@@ -535,13 +528,13 @@ fn cpu_decode_in_pool(
         if t == 1 {
             let mut tokens: Vec<crate::cpu::Token<'_, '_>> = ids
                 .iter()
-                .zip(rows.iter_mut())
-                .zip(u.iter_mut().zip(o_rows.iter_mut()))
+                .zip(rows)
+                .zip(u.chunks_exact_mut(tw).zip(o_rows.chunks_exact_mut(tw)))
                 .map(|((&task, (state, src)), (u, o_row))| {
                     let (tj, c0, qk, decay, beta) = token(task, 0);
                     crate::cpu::Token {
                         state,
-                        src: src.as_deref(),
+                        src,
                         k: &k[qk..][..dk],
                         q: &q[qk..][..dk],
                         v: &v[tj * dv + c0..][..tw],
@@ -556,7 +549,7 @@ fn cpu_decode_in_pool(
                 .collect();
             crate::cpu::token_steps(&mut tokens, fetch);
             drop(tokens);
-            for (&task, o_row) in ids.iter().zip(&o_rows) {
+            for (&task, o_row) in ids.iter().zip(o_rows.chunks_exact(tw)) {
                 let (tj, c0, ..) = token(task, 0);
                 put(tj, c0, o_row);
             }
@@ -564,11 +557,12 @@ fn cpu_decode_in_pool(
             // Several tokens: each task's tokens in turn, its state hot between them.
             for (ii, &task) in ids.iter().enumerate() {
                 let (state, src) = &mut rows[ii];
-                let mut src = src.as_deref();
+                let mut src = *src;
+                let (u, o_row) = (&mut u[ii * tw..][..tw], &mut o_rows[ii * tw..][..tw]);
                 for tok in 0..t {
                     let (tj, c0, qk, decay, beta) = token(task, tok);
                     crate::cpu::token_step(&mut crate::cpu::Token {
-                        state,
+                        state: state.reborrow(),
                         src,
                         k: &k[qk..][..dk],
                         q: &q[qk..][..dk],
@@ -576,8 +570,8 @@ fn cpu_decode_in_pool(
                         decay,
                         beta,
                         scale,
-                        u: &mut u[ii],
-                        o: &mut o_rows[ii],
+                        u,
+                        o: o_row,
                         next: if tok + 1 == t && task == last {
                             next
                         } else {
@@ -586,7 +580,7 @@ fn cpu_decode_in_pool(
                     });
                     // After the first token the state is read where it was written.
                     src = None;
-                    put(tj, c0, &o_rows[ii]);
+                    put(tj, c0, o_row);
                 }
             }
         }
@@ -659,9 +653,8 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32], o_out: &mut [f32]) -> Result<Op
                 let ti = seq * t + tok;
                 let tj = ti * hv + j;
                 // The same token step as the in-pool path, so both give the same bits.
-                let mut rows: Vec<&mut [f32]> = s.chunks_exact_mut(dv.max(1)).collect();
                 crate::cpu::token_step(&mut crate::cpu::Token {
-                    state: &mut rows,
+                    state: RowsMut::new(&mut s, dv, dv, dk),
                     src: None,
                     k: &k[(ti * nh + kh) * dk..][..dk],
                     q: &q[(ti * nh + kh) * dk..][..dk],

@@ -1,16 +1,140 @@
+use std::marker::PhantomData;
+
 use rayon::prelude::*;
 
 use crate::cpu::{axpy, dot};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
 
+/// `rows` rows of `width` floats, `stride` apart, read only: one head's K-major state in a pool
+/// or a tile of its columns (see [`RowsMut`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'r> {
+    ptr: *const f32,
+    stride: usize,
+    width: usize,
+    rows: usize,
+    _data: PhantomData<&'r [f32]>,
+}
+
+impl<'r> Rows<'r> {
+    /// The rows of `data`; panics where they do not fit in it.
+    #[cfg(test)]
+    pub(crate) fn new(data: &'r [f32], stride: usize, width: usize, rows: usize) -> Self {
+        assert!(
+            fits(data.len(), stride, width, rows),
+            "rows outside their data"
+        );
+        // SAFETY: the rows lie inside `data`, borrowed for 'r.
+        unsafe { Self::from_raw(data.as_ptr(), stride, width, rows) }
+    }
+
+    /// # Safety
+    /// Every row must lie in one allocation and nothing may write to them for 'r.
+    pub(crate) unsafe fn from_raw(
+        ptr: *const f32,
+        stride: usize,
+        width: usize,
+        rows: usize,
+    ) -> Self {
+        Rows {
+            ptr,
+            stride,
+            width,
+            rows,
+            _data: PhantomData,
+        }
+    }
+
+    /// Row `r`.
+    #[inline(always)]
+    pub(crate) fn row(&self, r: usize) -> &'r [f32] {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        // SAFETY: row r < rows lies inside the data (`new`, `from_raw`), unwritten for 'r.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(r * self.stride), self.width) }
+    }
+}
+
+/// `rows` rows of `width` floats, `stride` apart, written by one task: one head's K-major state,
+/// or a tile of its columns, whose rows interleave with the other tiles' in memory without
+/// overlapping them (which slices of whole rows could not say), made without a table of row
+/// slices per state.
+pub(crate) struct RowsMut<'r> {
+    ptr: *mut f32,
+    stride: usize,
+    width: usize,
+    rows: usize,
+    _data: PhantomData<&'r mut [f32]>,
+}
+
+impl<'r> RowsMut<'r> {
+    /// The rows of `data`; panics where they do not fit in it.
+    pub(crate) fn new(data: &'r mut [f32], stride: usize, width: usize, rows: usize) -> Self {
+        assert!(
+            fits(data.len(), stride, width, rows),
+            "rows outside their data"
+        );
+        // SAFETY: the rows lie inside `data`, borrowed uniquely for 'r.
+        unsafe { Self::from_raw(data.as_mut_ptr(), stride, width, rows) }
+    }
+
+    /// # Safety
+    /// Every row must lie in one allocation, and nothing else may read or write them for 'r.
+    pub(crate) unsafe fn from_raw(ptr: *mut f32, stride: usize, width: usize, rows: usize) -> Self {
+        RowsMut {
+            ptr,
+            stride,
+            width,
+            rows,
+            _data: PhantomData,
+        }
+    }
+
+    /// Row `r`.
+    #[inline(always)]
+    pub(crate) fn row(&self, r: usize) -> &[f32] {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        // SAFETY: row r < rows lies inside the data, which only `self` reaches.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(r * self.stride), self.width) }
+    }
+
+    /// The same rows, borrowed for a shorter while.
+    pub(crate) fn reborrow(&mut self) -> RowsMut<'_> {
+        RowsMut {
+            ptr: self.ptr,
+            stride: self.stride,
+            width: self.width,
+            rows: self.rows,
+            _data: PhantomData,
+        }
+    }
+
+    /// Row `r`, to write.
+    #[inline(always)]
+    pub(crate) fn row_mut(&mut self, r: usize) -> &mut [f32] {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        // SAFETY: as `row`, and `&mut self` keeps this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r * self.stride), self.width) }
+    }
+}
+
+/// Whether `rows` rows of `width`, `stride` apart, fit in `len` floats.
+fn fits(len: usize, stride: usize, width: usize, rows: usize) -> bool {
+    rows == 0
+        || (width <= stride || rows == 1)
+            && (rows - 1)
+                .checked_mul(stride)
+                .and_then(|x| x.checked_add(width))
+                .is_some_and(|end| end <= len)
+}
+
 /// One token of the gated delta rule on some columns of one head's K-major state, given as its
 /// `K = k.len()` rows (`w = u.len()` columns each): with `S` the state decayed by `decay`,
 /// `u = beta (v - S^T k)`, then `S <- S + k u^T` and `o = scale S^T q`. The state is read from
 /// `src` (`None`: from `state`) and written to `state`; `v`, `u` and `o` hold `w` values.
 pub(crate) struct Token<'a, 'r> {
-    pub state: &'a mut [&'r mut [f32]],
-    pub src: Option<&'a [&'r [f32]]>,
+    pub state: RowsMut<'r>,
+    pub src: Option<Rows<'r>>,
     pub k: &'a [f32],
     pub q: &'a [f32],
     pub v: &'a [f32],
@@ -139,11 +263,11 @@ fn rows_step_with<const FMA: bool>(
     let (w, kdim) = (u.len(), k.len());
     let (decay, beta, scale, src) = (*decay, *beta, *scale, *src);
     {
-        let state: &[&mut [f32]] = state;
+        let state: &RowsMut<'_> = state;
         let row = |r: usize| -> &[f32] {
             match src {
-                Some(src) => &src[r][..w],
-                None => &state[r][..w],
+                Some(src) => &src.row(r)[..w],
+                None => &state.row(r)[..w],
             }
         };
         let mut r = 0;
@@ -182,10 +306,10 @@ fn rows_step_with<const FMA: bool>(
             prefetch_row(p, w);
         }
         let kr = k[r];
-        let out = &mut state[r][..w];
+        let out = &mut state.row_mut(r)[..w];
         match src {
             Some(src) => {
-                let s = &src[r][..w];
+                let s = &src.row(r)[..w];
                 for c in 0..w {
                     out[c] = madd::<FMA>(kr, ub[c], decay * s[c]);
                 }
@@ -253,8 +377,8 @@ fn sum_row<const B: usize, const FMA: bool>(
 ) {
     let (kr, qr) = (t.k[r], t.q[r]);
     let s_in: &[f32] = match t.src {
-        Some(src) => src[r],
-        None => t.state[r],
+        Some(src) => src.row(r),
+        None => t.state.row(r),
     };
     for ((a, b), &s) in ka.iter_mut().zip(qa.iter_mut()).zip(&s_in[c0..c0 + B]) {
         *a = madd::<FMA>(kr, s, *a);
@@ -295,10 +419,11 @@ fn update_row<const B: usize, const FMA: bool>(
     ub: &[f32; B],
 ) {
     let (decay, kr) = (t.decay, t.k[r]);
-    let row = &mut t.state[r][c0..c0 + B];
-    match t.src {
+    let src = t.src;
+    let row = &mut t.state.row_mut(r)[c0..c0 + B];
+    match src {
         Some(src) => {
-            for ((out, &s), &uc) in row.iter_mut().zip(&src[r][c0..c0 + B]).zip(ub) {
+            for ((out, &s), &uc) in row.iter_mut().zip(&src.row(r)[c0..c0 + B]).zip(ub) {
                 *out = madd::<FMA>(kr, uc, decay * s);
             }
         }
@@ -354,8 +479,8 @@ unsafe fn token_steps_avx2(tokens: &mut [Token<'_, '_>], fetch: bool) {
 #[inline(always)]
 fn in_row(t: &Token<'_, '_>, r: usize) -> *const f32 {
     match t.src {
-        Some(src) => src[r].as_ptr(),
-        None => t.state[r].as_ptr(),
+        Some(src) => src.row(r).as_ptr(),
+        None => t.state.row(r).as_ptr(),
     }
 }
 
@@ -502,12 +627,11 @@ pub fn recurrent(
                 }
             } else {
                 let mut u = vec![0f32; dv];
-                let mut rows: Vec<&mut [f32]> = s.chunks_exact_mut(dv).collect();
                 for t in t0..t1 {
                     let (tj, decay, k_row, q_row, v_row) = token(t);
                     let o_row = &mut o[(t - t0) * dv..][..dv];
                     token_step(&mut Token {
-                        state: &mut rows,
+                        state: RowsMut::new(s, dv, dv, dk),
                         src: None,
                         k: k_row,
                         q: q_row,
@@ -558,12 +682,10 @@ mod tests {
                 );
                 let run = |rows_major: bool| {
                     let mut state = state0.clone();
-                    let mut rows: Vec<&mut [f32]> = state.chunks_exact_mut(w).collect();
-                    let src_rows: Vec<&[f32]> = src.chunks_exact(w).collect();
                     let (mut u, mut o) = (vec![0f32; w], vec![0f32; w]);
                     let mut t = Token {
-                        state: &mut rows,
-                        src: from_src.then_some(&src_rows[..]),
+                        state: RowsMut::new(&mut state, w, w, kdim),
+                        src: from_src.then(|| Rows::new(&src, w, w, kdim)),
                         k: &k,
                         q: &q,
                         v: &v,
@@ -581,7 +703,7 @@ mod tests {
                     } else {
                         token_step_plain::<16, true>(&mut t);
                     }
-                    drop(rows);
+                    drop(t);
                     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                     (bits(&state), bits(&u), bits(&o))
                 };
