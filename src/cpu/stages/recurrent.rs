@@ -703,7 +703,6 @@ mod tests {
                     } else {
                         token_step_plain::<16, true>(&mut t);
                     }
-                    drop(t);
                     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                     (bits(&state), bits(&u), bits(&o))
                 };
