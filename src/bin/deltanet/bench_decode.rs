@@ -70,9 +70,16 @@ pub fn run(device: &Device, a: &DecodeBench, bar: &ProgressBar) -> Result<Vec<Ti
         Device::Cpu => {
             // The engine's call: `o` kept from step to step, as llama.cpp's harness keeps its
             // buffers (`decode_into`; `decode_step` allocates its output every step).
-            let mut pool = pool;
+            // The pool on a 64-byte boundary, as engines allocate theirs (PyTorch's CPU tensors,
+            // ggml's buffers); `Vec<f32>` alone gives 16 bytes, where the AVX2 step's vector
+            // stores straddle cache lines and it takes about 1.1x as long (NOTES-CPU.md).
+            let len = pool.len();
+            let mut buf = vec![0f32; len + 16];
+            let skip = buf.as_ptr().align_offset(64).min(16);
+            buf[skip..skip + len].copy_from_slice(&pool);
+            let pool = &mut buf[skip..skip + len];
             let mut o = vec![0f32; n * t * hv * v];
-            let mut step = || decode_into(&x, &mut pool, &idx, &opts, &mut o);
+            let mut step = || decode_into(&x, pool, &idx, &opts, &mut o);
             for _ in 0..a.warmup {
                 step()?;
                 bar.inc(1);
