@@ -183,6 +183,48 @@ pub(crate) fn causal_dots(x: &[f32], kt: &[f32], n: usize, dk: usize, out: &mut 
     );
 }
 
+/// The operands of one product: `a` is read at `a[i * rsa + p * csa]`, `b` is row-major `k x n`
+/// with row stride `ldb`, `c` row-major `m x n` with row stride `ldc`.
+#[derive(Clone, Copy)]
+pub(crate) struct Operands {
+    pub(crate) m: usize,
+    pub(crate) k: usize,
+    pub(crate) n: usize,
+    pub(crate) alpha: f32,
+    pub(crate) a: *const f32,
+    pub(crate) rsa: usize,
+    pub(crate) csa: usize,
+    pub(crate) b: *const f32,
+    pub(crate) ldb: usize,
+    pub(crate) beta: f32,
+    pub(crate) c: *mut f32,
+    pub(crate) ldc: usize,
+    /// `a` is lower triangular (`a[i, p] == 0` for `p > i`, `k >= m`): a tile of rows `i0..i1`
+    /// sums over `p < i1` only.
+    pub(crate) lower_a: bool,
+    /// Only the lower triangle of `c` (`j <= i`, diagonal included) is wanted: tiles wholly
+    /// above the diagonal are skipped and keep what `c` held.
+    pub(crate) lower_c: bool,
+}
+
+/// A product kernel (see [`Operands`]); unsafe: for the instruction set it was built for.
+type Kernel = unsafe fn(&Operands);
+
+/// The register-blocked product kernel for this CPU, AVX-512 or else AVX2 with FMA (`None`:
+/// the general sgemm of `matrixmultiply`).
+#[allow(unreachable_code)]
+fn product_kernel() -> Option<Kernel> {
+    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+    if super::kernel::have_avx512() {
+        return Some(super::kernel::gemm_avx512 as Kernel);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::kernel_avx2::have_avx2_fma() {
+        return Some(super::kernel_avx2::gemm_avx2 as Kernel);
+    }
+    None
+}
+
 /// What the kernel may assume or skip in a product.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Tri {
@@ -219,10 +261,9 @@ fn product(
         return;
     }
     let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
-    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-    if super::kernel::have_avx512() {
+    if let Some(kernel) = product_kernel() {
         let mut run = |b: &[f32]| {
-            let o = super::kernel::Operands {
+            let o = Operands {
                 m,
                 k,
                 n,
@@ -238,10 +279,11 @@ fn product(
                 lower_a: tri == Tri::LowerA && !a_t && m <= k,
                 lower_c: tri == Tri::LowerC && m == n,
             };
-            // SAFETY: AVX-512F was detected just above; the assert keeps every element the
-            // strides reach (row-major m x k or its transpose, k x n, m x n) inside `a`, `b`
-            // and `c`, and `c` is a unique borrow, aliasing neither input.
-            unsafe { super::kernel::gemm_avx512(&o) }
+            // SAFETY: `product_kernel` returned the kernel of an instruction set it detected;
+            // the assert keeps every element the strides reach (row-major m x k or its
+            // transpose, k x n, m x n) inside `a`, `b` and `c`, and `c` is a unique borrow,
+            // aliasing neither input.
+            unsafe { kernel(&o) }
         };
         if b_t {
             // The kernel reads rows of `b`: transpose the `n x k` block once, in a buffer each
@@ -497,4 +539,116 @@ pub(crate) fn gemm_causal(n: usize, w: usize, l: &[f32], b: &[f32], beta: f32, c
         beta,
         &mut c[m * w..],
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The product kernels this CPU runs, by name.
+    fn kernels() -> Vec<(&'static str, Kernel)> {
+        #[allow(unused_mut)]
+        let mut all: Vec<(&'static str, Kernel)> = Vec::new();
+        #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+        if super::super::kernel::have_avx512() {
+            all.push(("avx512", super::super::kernel::gemm_avx512));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if super::super::kernel_avx2::have_avx2_fma() {
+            all.push(("avx2", super::super::kernel_avx2::gemm_avx2));
+        }
+        all
+    }
+
+    /// Each kernel gives, bit for bit, `alpha (sum in order of a b by FMAs) + beta c` on odd
+    /// shapes (partial tiles of rows and columns), with `a` transposed or triangular, with
+    /// `beta = 0` (`c` only written: NaN there stays out), and with only the lower triangle of
+    /// `c` wanted.
+    #[test]
+    fn product_kernels_match_a_plain_product_on_odd_shapes() {
+        let val = |i: usize| ((i * 7919 % 211) as f32 - 105.0) / 97.0;
+        let shapes = [
+            (1, 1, 1),
+            (9, 5, 33),
+            (64, 128, 64),
+            (17, 3, 47),
+            (64, 64, 128),
+            (13, 13, 13),
+            (7, 20, 7),
+        ];
+        for (name, kernel) in kernels() {
+            for &(m, k, n) in &shapes {
+                for (a_t, lower_a, lower_c, beta) in [
+                    (false, false, false, 0.5),
+                    (true, false, false, 0.5),
+                    (false, true, false, 0.5),
+                    (false, false, false, 0.0),
+                    (false, false, true, 0.5),
+                    (true, false, true, 0.0),
+                ] {
+                    if lower_a && m > k || lower_c && m != n {
+                        continue;
+                    }
+                    let a: Vec<f32> = (0..m * k)
+                        .map(|i| {
+                            let (r, p) = if a_t { (i % m, i / m) } else { (i / k, i % k) };
+                            if lower_a && p > r {
+                                0.0
+                            } else {
+                                val(i)
+                            }
+                        })
+                        .collect();
+                    let b: Vec<f32> = (0..k * n).map(|i| val(i + 5)).collect();
+                    let c0: Vec<f32> = (0..m * n)
+                        .map(|i| if beta == 0.0 { f32::NAN } else { val(i + 11) })
+                        .collect();
+                    let mut c = c0.clone();
+                    let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
+                    let o = Operands {
+                        m,
+                        k,
+                        n,
+                        alpha: -1.0,
+                        a: a.as_ptr(),
+                        rsa,
+                        csa,
+                        b: b.as_ptr(),
+                        ldb: n,
+                        beta,
+                        c: c.as_mut_ptr(),
+                        ldc: n,
+                        lower_a,
+                        lower_c,
+                    };
+                    // SAFETY: `kernels` lists the kernels of detected instruction sets; the
+                    // buffers hold m x k, k x n and m x n.
+                    unsafe { kernel(&o) };
+                    for i in 0..m {
+                        for j in 0..n {
+                            if lower_c && j > i {
+                                continue;
+                            }
+                            let mut s = 0f32;
+                            for p in 0..k {
+                                let x = if a_t { a[p * m + i] } else { a[i * k + p] };
+                                s = x.mul_add(b[p * n + j], s);
+                            }
+                            let want = if beta == 0.0 {
+                                -s
+                            } else {
+                                beta.mul_add(c0[i * n + j], -s)
+                            };
+                            assert_eq!(
+                                c[i * n + j].to_bits(),
+                                want.to_bits(),
+                                "{name}: m {m} k {k} n {n} a_t {a_t} lower_a {lower_a} \
+                                 lower_c {lower_c} beta {beta} at ({i}, {j})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -16,6 +16,8 @@
 
 use std::arch::x86_64::*;
 
+use super::blocks::Operands;
+
 /// Rows of an output tile.
 pub(crate) const MR: usize = 8;
 /// Columns of an output tile (two zmm registers).
@@ -25,30 +27,6 @@ pub(crate) const NR: usize = 32;
 #[inline]
 pub(crate) fn have_avx512() -> bool {
     std::is_x86_feature_detected!("avx512f")
-}
-
-/// The operands of one product: `a` is read at `a[i * rsa + p * csa]`, `b` is row-major `k x n`
-/// with row stride `ldb`, `c` row-major `m x n` with row stride `ldc`.
-#[derive(Clone, Copy)]
-pub(crate) struct Operands {
-    pub(crate) m: usize,
-    pub(crate) k: usize,
-    pub(crate) n: usize,
-    pub(crate) alpha: f32,
-    pub(crate) a: *const f32,
-    pub(crate) rsa: usize,
-    pub(crate) csa: usize,
-    pub(crate) b: *const f32,
-    pub(crate) ldb: usize,
-    pub(crate) beta: f32,
-    pub(crate) c: *mut f32,
-    pub(crate) ldc: usize,
-    /// `a` is lower triangular (`a[i, p] == 0` for `p > i`, `k >= m`): a tile of rows `i0..i1`
-    /// sums over `p < i1` only.
-    pub(crate) lower_a: bool,
-    /// Only the lower triangle of `c` (`j <= i`, diagonal included) is wanted: tiles wholly
-    /// above the diagonal are skipped and keep what `c` held.
-    pub(crate) lower_c: bool,
 }
 
 /// `c = alpha a b + beta c` (see [`Operands`]); with `beta == 0`, `c` is only written.
@@ -396,71 +374,5 @@ mod tests {
         assert_eq!(special[10], 0.0);
         assert_eq!(special[11], f32::INFINITY);
         assert_eq!(special[12], 0.0);
-    }
-
-    #[test]
-    fn gemm_kernel_matches_a_plain_product_on_odd_shapes() {
-        if !have_avx512() {
-            return;
-        }
-        let val = |i: usize| ((i * 7919 % 211) as f32 - 105.0) / 97.0;
-        for &(m, k, n) in &[
-            (1, 1, 1),
-            (9, 5, 33),
-            (64, 128, 64),
-            (17, 3, 47),
-            (64, 64, 128),
-        ] {
-            for a_t in [false, true] {
-                for lower_a in [false, true] {
-                    if lower_a && (a_t || m > k) {
-                        continue;
-                    }
-                    let a: Vec<f32> = (0..m * k)
-                        .map(|i| {
-                            let (r, p) = if a_t { (i % m, i / m) } else { (i / k, i % k) };
-                            if lower_a && p > r {
-                                0.0
-                            } else {
-                                val(i)
-                            }
-                        })
-                        .collect();
-                    let b: Vec<f32> = (0..k * n).map(|i| val(i + 5)).collect();
-                    let mut c: Vec<f32> = (0..m * n).map(|i| val(i + 11)).collect();
-                    let mut want = c.clone();
-                    for i in 0..m {
-                        for j in 0..n {
-                            let mut s = 0f32;
-                            for p in 0..k {
-                                let x = if a_t { a[p * m + i] } else { a[i * k + p] };
-                                s = x.mul_add(b[p * n + j], s);
-                            }
-                            want[i * n + j] = 0.5f32.mul_add(want[i * n + j], -s);
-                        }
-                    }
-                    let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
-                    let o = Operands {
-                        m,
-                        k,
-                        n,
-                        alpha: -1.0,
-                        a: a.as_ptr(),
-                        rsa,
-                        csa,
-                        b: b.as_ptr(),
-                        ldb: n,
-                        beta: 0.5,
-                        c: c.as_mut_ptr(),
-                        ldc: n,
-                        lower_a,
-                        lower_c: false,
-                    };
-                    // SAFETY: AVX-512F detected; the buffers hold m x k, k x n and m x n.
-                    unsafe { gemm_avx512(&o) };
-                    assert_eq!(c, want, "m {m} k {k} n {n} a_t {a_t} lower_a {lower_a}");
-                }
-            }
-        }
     }
 }

@@ -13,6 +13,8 @@ mod fused;
 #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
 #[clippy::msrv = "1.89"]
 pub(crate) mod kernel;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod kernel_avx2;
 mod stages;
 
 pub(crate) use blocks::{

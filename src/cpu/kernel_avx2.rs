@@ -1,0 +1,170 @@
+//! The AVX2 product kernel of the CPU path, used where the CPU has AVX2 and FMA but not
+//! AVX-512F (checked at run time): [`super::kernel`]'s register-blocked product with 256-bit
+//! vectors, behind [`super::blocks::gemm`].
+//!
+//! The same shape as the AVX-512 one: `b` read in place as row-major `k x n`, each element of
+//! `a` broadcast from where it lies, no packing (a chunk's products are 64 x 128 x 128 at most,
+//! where packing both operands, as `matrixmultiply` does, costs about a tenth of the forward),
+//! and the zeros of a triangular `a` or the unwanted upper triangle of `c` skipped. The output
+//! is walked in tiles of [`MR`] rows by [`NR`] columns held in 12 of the 16 ymm registers (two
+//! more hold a row of `b`, one the broadcast element): the fewest accumulators that keep both
+//! FMA units busy through their latency.
+//!
+//! Every element of `c` is `alpha * (sum over p in order of a[i, p] b[p, j]) + beta * c`, the sum
+//! a chain of FMAs, as in the AVX-512 kernel: both give the same bits, which depend on the
+//! operands alone, never on alignment or threads.
+
+use std::arch::x86_64::*;
+
+use super::blocks::Operands;
+
+/// Rows of an output tile.
+const MR: usize = 6;
+/// Columns of an output tile (two ymm registers).
+const NR: usize = 16;
+
+/// Whether [`gemm_avx2`] may be called on this CPU.
+#[inline]
+pub(crate) fn have_avx2_fma() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+}
+
+/// `c = alpha a b + beta c` (see [`Operands`]); with `beta == 0`, `c` is only written.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA ([`have_avx2_fma`]), and every element the strides reach
+/// for `i < m`, `p < k`, `j < n` must lie inside the allocations `a`, `b` and `c` point into, with
+/// `c` aliasing neither input.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn gemm_avx2(o: &Operands) {
+    let mut j0 = 0;
+    while j0 < o.n {
+        let cols = (o.n - j0).min(NR);
+        // Lanes of the two column vectors that lie inside `c`: masked loads past them read
+        // nothing and give zero, masked stores past them write nothing.
+        let lane = |l: usize| if l < cols { -1 } else { 0 };
+        let m0 = _mm256_setr_epi32(
+            lane(0),
+            lane(1),
+            lane(2),
+            lane(3),
+            lane(4),
+            lane(5),
+            lane(6),
+            lane(7),
+        );
+        let m1 = _mm256_setr_epi32(
+            lane(8),
+            lane(9),
+            lane(10),
+            lane(11),
+            lane(12),
+            lane(13),
+            lane(14),
+            lane(15),
+        );
+        let mut i0 = 0;
+        while i0 < o.m {
+            let rows = (o.m - i0).min(MR);
+            if o.lower_c && i0 + rows <= j0 {
+                i0 += rows;
+                continue;
+            }
+            let kk = if o.lower_a { (i0 + rows).min(o.k) } else { o.k };
+            let t = Tile {
+                kk,
+                a: o.a.add(i0 * o.rsa),
+                rsa: o.rsa,
+                csa: o.csa,
+                b: o.b.add(j0),
+                ldb: o.ldb,
+                c: o.c.add(i0 * o.ldc + j0),
+                ldc: o.ldc,
+                m0,
+                m1,
+                alpha: o.alpha,
+                beta: o.beta,
+            };
+            match (rows, cols == NR) {
+                (6, true) => tile::<6, true>(&t),
+                (6, false) => tile::<6, false>(&t),
+                (5, true) => tile::<5, true>(&t),
+                (5, false) => tile::<5, false>(&t),
+                (4, true) => tile::<4, true>(&t),
+                (4, false) => tile::<4, false>(&t),
+                (3, true) => tile::<3, true>(&t),
+                (3, false) => tile::<3, false>(&t),
+                (2, true) => tile::<2, true>(&t),
+                (2, false) => tile::<2, false>(&t),
+                (_, true) => tile::<1, true>(&t),
+                (_, false) => tile::<1, false>(&t),
+            }
+            i0 += rows;
+        }
+        j0 += NR;
+    }
+}
+
+/// One output tile: its corner in `a`, `b` and `c`, the depth it sums over and its column masks.
+struct Tile {
+    kk: usize,
+    a: *const f32,
+    rsa: usize,
+    csa: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    m0: __m256i,
+    m1: __m256i,
+    alpha: f32,
+    beta: f32,
+}
+
+/// `R` rows by [`NR`] columns of `c` (`FULL`), or by the columns the masks keep.
+///
+/// # Safety
+/// As [`gemm_avx2`], for the tile's rows, columns (the masks) and depth.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn tile<const R: usize, const FULL: bool>(t: &Tile) {
+    let load = |p: *const f32, mask: __m256i| {
+        if FULL {
+            _mm256_loadu_ps(p)
+        } else {
+            _mm256_maskload_ps(p, mask)
+        }
+    };
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let (mut a, mut b) = (t.a, t.b);
+    for _ in 0..t.kk {
+        let b0 = load(b, t.m0);
+        let b1 = load(b.add(8), t.m1);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let x = _mm256_broadcast_ss(&*a.add(r * t.rsa));
+            acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
+            acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
+        }
+        a = a.add(t.csa);
+        b = b.add(t.ldb);
+    }
+    let alpha = _mm256_set1_ps(t.alpha);
+    let beta = _mm256_set1_ps(t.beta);
+    for (r, acc) in acc.iter().enumerate() {
+        let c = t.c.add(r * t.ldc);
+        for (h, (&v, mask)) in acc.iter().zip([t.m0, t.m1]).enumerate() {
+            let at = c.add(8 * h);
+            let ab = _mm256_mul_ps(alpha, v);
+            let out = if t.beta == 0.0 {
+                ab
+            } else {
+                _mm256_fmadd_ps(beta, load(at, mask), ab)
+            };
+            if FULL {
+                _mm256_storeu_ps(at, out);
+            } else {
+                _mm256_maskstore_ps(at, mask, out);
+            }
+        }
+    }
+}
