@@ -129,6 +129,12 @@ impl Decays {
             unsafe { super::kernel::pairs_avx512(&self.gamma, &self.lo, &self.seg, out) };
             return;
         }
+        #[cfg(target_arch = "x86_64")]
+        if super::kernel_avx2::have_avx2_fma() {
+            // SAFETY: AVX2 and FMA were just detected; the kernel checks the lengths.
+            unsafe { super::kernel_avx2::pairs_avx2(&self.gamma, &self.lo, &self.seg, out) };
+            return;
+        }
         for (i, row) in out[..n * n].chunks_exact_mut(n).enumerate() {
             for (l, x) in row.iter_mut().enumerate() {
                 *x = if l <= i { self.decay(i, l) } else { 0.0 };

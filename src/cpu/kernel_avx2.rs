@@ -168,3 +168,123 @@ unsafe fn tile<const R: usize, const FULL: bool>(t: &Tile) {
         }
     }
 }
+
+/// `e^x` in 8 lanes, as [`super::kernel`]'s 16-lane `exp16` computes it (the same bits): within
+/// 2 ulp of the exact value; inf, zero and NaN where `f32::exp` gives them.
+///
+/// `x = m ln2 + r` with `|r| <= ln2 / 2` (ln2 split in two so `r` is exact), `e^r` by its Taylor
+/// series to degree 7, then `2^m e^r`: AVX2 has no `scalef`, so the scaling is two exact powers
+/// of two, `2^floor(m/2)` and `2^(m - floor(m/2))`, each a normal number for every `m` the clamp
+/// allows; the first product is exact and the second rounds once, to an infinity or a
+/// subnormal as the exact value does.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
+    // e^-104 rounds to zero and e^89 to infinity; `max`/`min` return their second operand when
+    // either is NaN, so NaN passes through.
+    let x = _mm256_min_ps(
+        _mm256_set1_ps(89.0),
+        _mm256_max_ps(_mm256_set1_ps(-104.0), x),
+    );
+    let m = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm256_fnmadd_ps(m, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(m, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm256_set1_ps(1.0 / 5040.0);
+    for c in [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    // NaN lanes give a meaningless m here, and stay NaN through p.
+    let mi = _mm256_cvtps_epi32(m);
+    let m1 = _mm256_srai_epi32::<1>(mi);
+    let m2 = _mm256_sub_epi32(mi, m1);
+    let pow2 = |e: __m256i| {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            e,
+            _mm256_set1_epi32(127),
+        )))
+    };
+    _mm256_mul_ps(_mm256_mul_ps(p, pow2(m1)), pow2(m2))
+}
+
+/// The lanes `0..len` of an 8-lane vector, as a mask for `maskload`/`maskstore`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn lanes(len: usize) -> __m256i {
+    let len = len.min(8) as i32;
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(len),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
+}
+
+/// [`super::blocks::Decays::pairs`] 8 lanes at a time: row i of `out` (`n x n`) holds
+/// `e^((gamma_i - gamma_l) + (lo_i - lo_l))` for `l <= i` in the same segment, zero elsewhere.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `gamma`, `lo`, `seg` hold `n` values and `out` `n * n`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn pairs_avx2(gamma: &[f32], lo: &[f32], seg: &[f32], out: &mut [f32]) {
+    let n = gamma.len();
+    assert!(lo.len() == n && seg.len() == n && out.len() >= n * n);
+    for i in 0..n {
+        let (gi, li, si) = (
+            _mm256_set1_ps(gamma[i]),
+            _mm256_set1_ps(lo[i]),
+            _mm256_set1_ps(seg[i]),
+        );
+        let row = out.as_mut_ptr().add(i * n);
+        let mut l = 0;
+        while l < n {
+            let inside = lanes(n - l);
+            let causal = lanes((i + 1).saturating_sub(l));
+            let g = _mm256_maskload_ps(gamma.as_ptr().add(l), causal);
+            let lw = _mm256_maskload_ps(lo.as_ptr().add(l), causal);
+            let s = _mm256_maskload_ps(seg.as_ptr().add(l), causal);
+            let same = _mm256_and_ps(
+                _mm256_castsi256_ps(causal),
+                _mm256_cmp_ps::<_CMP_EQ_OQ>(s, si),
+            );
+            let x = _mm256_add_ps(_mm256_sub_ps(gi, g), _mm256_sub_ps(li, lw));
+            let e = _mm256_and_ps(same, exp8(x));
+            _mm256_maskstore_ps(row.add(l), inside, e);
+            l += 8;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp8_is_within_two_ulp_and_keeps_the_special_values() {
+        if !have_avx2_fma() {
+            return;
+        }
+        crate::cpu::check_exp(|x| {
+            let mut out = [0f32; 16];
+            for h in 0..2 {
+                // SAFETY: AVX2 and FMA detected; both arrays hold 16 lanes.
+                unsafe {
+                    let e = exp8(_mm256_loadu_ps(x.as_ptr().add(8 * h)));
+                    _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), e);
+                }
+            }
+            out
+        });
+    }
+}
