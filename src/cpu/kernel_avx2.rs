@@ -266,6 +266,51 @@ pub(crate) unsafe fn pairs_avx2(gamma: &[f32], lo: &[f32], seg: &[f32], out: &mu
     }
 }
 
+/// [`crate::cpu::stages::solve_tril::solve_tril_block`] for `n <= 64`, the rows of the inverse
+/// in eight ymm registers: the same substitution and the same roundings (each update a multiply
+/// then an add, lanes past column `l` left as they are), so the same bits.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn solve_tril_avx2(a: &[f32], n: usize, a_inv: &mut [f32]) {
+    assert!(n <= 64 && a.len() >= n * n && a_inv.len() >= n * n);
+    let out = a_inv.as_mut_ptr();
+    for i in 0..n {
+        let mut row = [_mm256_setzero_ps(); 8];
+        let one = _mm256_and_ps(
+            _mm256_castsi256_ps(_mm256_cmpeq_epi32(
+                _mm256_set1_epi32((i % 8) as i32),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            )),
+            _mm256_set1_ps(1.0),
+        );
+        row[i / 8] = one;
+        for l in 0..i {
+            let x = a[i * n + l];
+            if x == 0.0 {
+                continue;
+            }
+            let nx = _mm256_set1_ps(-x);
+            let done = out.add(l * n);
+            // Row l of the inverse is nonzero in columns 0..=l only: only those are updated.
+            for (v, acc) in row.iter_mut().enumerate() {
+                if 8 * v <= l {
+                    let m = lanes(l + 1 - 8 * v);
+                    let prod = _mm256_mul_ps(nx, _mm256_maskload_ps(done.add(8 * v), m));
+                    *acc =
+                        _mm256_blendv_ps(*acc, _mm256_add_ps(*acc, prod), _mm256_castsi256_ps(m));
+                }
+            }
+        }
+        for (v, acc) in row.iter().enumerate() {
+            if 8 * v < n {
+                _mm256_maskstore_ps(out.add(i * n + 8 * v), lanes(n - 8 * v), *acc);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,5 +331,37 @@ mod tests {
             }
             out
         });
+    }
+
+    /// The same bits as the portable substitution, on blocks with zeros, partial vectors, and
+    /// an infinity in `A` (NaN only where the portable code makes it).
+    #[test]
+    fn solve_tril_avx2_gives_the_bits_of_the_portable_substitution() {
+        if !have_avx2_fma() {
+            return;
+        }
+        for n in [1, 5, 8, 9, 17, 63, 64] {
+            for poison in [false, true] {
+                let a: Vec<f32> = (0..n * n)
+                    .map(|i| {
+                        let (r, c) = (i / n, i % n);
+                        if c >= r || (r + c) % 5 == 0 {
+                            0.0
+                        } else if poison && r == n - 1 && c == n / 2 {
+                            f32::INFINITY
+                        } else {
+                            ((i * 7919 % 211) as f32 - 105.0) / 400.0
+                        }
+                    })
+                    .collect();
+                let mut want = vec![0f32; n * n];
+                crate::cpu::stages::solve_tril::solve_tril_portable(&a, n, &mut want);
+                let mut got = vec![f32::NAN; n * n];
+                // SAFETY: AVX2 and FMA detected; n <= 64 and both buffers hold n x n.
+                unsafe { solve_tril_avx2(&a, n, &mut got) };
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "n {n} poison {poison}");
+            }
+        }
     }
 }

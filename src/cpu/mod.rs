@@ -236,38 +236,6 @@ impl HostIo for Cpu {
     }
 }
 
-#[cfg(test)]
-mod task_tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// Every task runs exactly once, on the pool or on the calling thread (a one-thread pool,
-    /// where the small path runs inline, included).
-    #[test]
-    fn for_each_task_runs_every_task_once() {
-        let one = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
-        for n in [0, 1, 2, 7, 64] {
-            for small in [false, true] {
-                let runs: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
-                super::for_each_task(n, small, |t| {
-                    runs[t].fetch_add(1, Ordering::Relaxed);
-                });
-                one.install(|| {
-                    super::for_each_task(n, small, |t| {
-                        runs[t].fetch_add(1, Ordering::Relaxed);
-                    })
-                });
-                assert!(
-                    runs.iter().all(|r| r.load(Ordering::Relaxed) == 2),
-                    "n {n} small {small}"
-                );
-            }
-        }
-    }
-}
-
 /// Checks a vector `e^x` (16 lanes at a time) against float64: within 2 ulp, inf, zero and NaN
 /// where `f32::exp` gives them.
 #[cfg(test)]
@@ -318,4 +286,36 @@ pub(crate) fn check_exp(exp_lanes: impl Fn(&[f32; 16]) -> [f32; 16]) {
     assert_eq!(special[10], 0.0);
     assert_eq!(special[11], f32::INFINITY);
     assert_eq!(special[12], 0.0);
+}
+
+#[cfg(test)]
+mod task_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Every task runs exactly once, on the pool or on the calling thread (a one-thread pool,
+    /// where the small path runs inline, included).
+    #[test]
+    fn for_each_task_runs_every_task_once() {
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        for n in [0, 1, 2, 7, 64] {
+            for small in [false, true] {
+                let runs: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                super::for_each_task(n, small, |t| {
+                    runs[t].fetch_add(1, Ordering::Relaxed);
+                });
+                one.install(|| {
+                    super::for_each_task(n, small, |t| {
+                        runs[t].fetch_add(1, Ordering::Relaxed);
+                    })
+                });
+                assert!(
+                    runs.iter().all(|r| r.load(Ordering::Relaxed) == 2),
+                    "n {n} small {small}"
+                );
+            }
+        }
+    }
 }

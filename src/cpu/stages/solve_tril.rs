@@ -15,6 +15,17 @@ pub(crate) fn solve_tril_block(a: &[f32], n: usize, a_inv: &mut [f32]) {
         unsafe { crate::cpu::kernel::solve_tril_avx512(a, n, a_inv) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if n <= 64 && crate::cpu::kernel_avx2::have_avx2_fma() {
+        // SAFETY: AVX2 and FMA were just detected and n <= 64; the kernel checks the lengths.
+        unsafe { crate::cpu::kernel_avx2::solve_tril_avx2(a, n, a_inv) };
+        return;
+    }
+    solve_tril_portable(a, n, a_inv)
+}
+
+/// [`solve_tril_block`] without vector instructions.
+pub(crate) fn solve_tril_portable(a: &[f32], n: usize, a_inv: &mut [f32]) {
     a_inv.fill(0.0);
     for i in 0..n {
         let (done, row) = a_inv.split_at_mut(i * n);
