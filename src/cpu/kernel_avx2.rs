@@ -266,48 +266,69 @@ pub(crate) unsafe fn pairs_avx2(gamma: &[f32], lo: &[f32], seg: &[f32], out: &mu
     }
 }
 
-/// [`crate::cpu::stages::solve_tril::solve_tril_block`] for `n <= 64`, the rows of the inverse
-/// in eight ymm registers: the same substitution and the same roundings (each update a multiply
-/// then an add, lanes past column `l` left as they are), so the same bits.
+/// [`crate::cpu::stages::solve_tril::solve_tril_block`] for `n <= 64` with the same bits: each
+/// element of the inverse takes the same terms in the same order (row `i`'s terms `l = 0..i`,
+/// each a multiply then an add, zero entries of `A` skipped, a column `c` updated by term `l`
+/// only where `c <= l`), but the work is ordered for instruction-level parallelism instead of
+/// row after row: by blocks of eight columns, four rows at a time, their sums over the rows
+/// already done side by side (four independent chains of adds, where one row's chain waits on
+/// each add's latency), then their terms among themselves in order.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn solve_tril_avx2(a: &[f32], n: usize, a_inv: &mut [f32]) {
     assert!(n <= 64 && a.len() >= n * n && a_inv.len() >= n * n);
+    a_inv[..n * n].fill(0.0);
     let out = a_inv.as_mut_ptr();
-    for i in 0..n {
-        let mut row = [_mm256_setzero_ps(); 8];
-        let one = _mm256_and_ps(
-            _mm256_castsi256_ps(_mm256_cmpeq_epi32(
-                _mm256_set1_epi32((i % 8) as i32),
-                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-            )),
-            _mm256_set1_ps(1.0),
-        );
-        row[i / 8] = one;
-        for l in 0..i {
-            let x = a[i * n + l];
-            if x == 0.0 {
-                continue;
+    let lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let mut c0 = 0;
+    while c0 < n {
+        let cols = lanes(n - c0);
+        // Row r's entry at column c0 + lane, for r in this block of columns: 1 on the diagonal.
+        let unit = |r: usize| {
+            let hit = _mm256_cmpeq_epi32(_mm256_set1_epi32(r as i32 - c0 as i32), lane_index);
+            _mm256_and_ps(_mm256_castsi256_ps(hit), _mm256_set1_ps(1.0))
+        };
+        // Term l of a row: `acc - a * X[l]` on the lanes c <= l (all of them once l >= c0 + 7).
+        let term = |acc: __m256, x: f32, l: usize, xl: __m256| {
+            let sum = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(-x), xl));
+            if l >= c0 + 7 {
+                sum
+            } else {
+                let upto = _mm256_cmpgt_epi32(_mm256_set1_epi32((l - c0) as i32 + 1), lane_index);
+                _mm256_blendv_ps(acc, sum, _mm256_castsi256_ps(upto))
             }
-            let nx = _mm256_set1_ps(-x);
-            let done = out.add(l * n);
-            // Row l of the inverse is nonzero in columns 0..=l only: only those are updated.
-            for (v, acc) in row.iter_mut().enumerate() {
-                if 8 * v <= l {
-                    let m = lanes(l + 1 - 8 * v);
-                    let prod = _mm256_mul_ps(nx, _mm256_maskload_ps(done.add(8 * v), m));
-                    *acc =
-                        _mm256_blendv_ps(*acc, _mm256_add_ps(*acc, prod), _mm256_castsi256_ps(m));
+        };
+        // Rows above c0 are zero in these columns; rows from c0 on, four at a time.
+        let mut i = c0;
+        while i < n {
+            let group = (n - i).min(4);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for (g, acc) in acc.iter_mut().enumerate().take(group) {
+                *acc = unit(i + g);
+            }
+            for l in c0..i {
+                let xl = _mm256_maskload_ps(out.add(l * n + c0), cols);
+                for (g, acc) in acc.iter_mut().enumerate().take(group) {
+                    let x = a[(i + g) * n + l];
+                    if x != 0.0 {
+                        *acc = term(*acc, x, l, xl);
+                    }
                 }
             }
-        }
-        for (v, acc) in row.iter().enumerate() {
-            if 8 * v < n {
-                _mm256_maskstore_ps(out.add(i * n + 8 * v), lanes(n - 8 * v), *acc);
+            for g in 0..group {
+                for h in 0..g {
+                    let x = a[(i + g) * n + i + h];
+                    if x != 0.0 {
+                        acc[g] = term(acc[g], x, i + h, acc[h]);
+                    }
+                }
+                _mm256_maskstore_ps(out.add((i + g) * n + c0), cols, acc[g]);
             }
+            i += group;
         }
+        c0 += 8;
     }
 }
 
