@@ -156,8 +156,8 @@ impl Decays {
 /// `c = alpha op(a) op(b) + beta c` on row-major blocks: `op(a)` is `m x k` (stored `k x m` when
 /// `a_t`), `op(b)` is `k x n` (stored `n x k` when `b_t`), `c` is `m x n`. The small dense
 /// products of a chunk are where the CPU spends its time: they go to the AVX-512 kernel where the
-/// CPU has it, else to a tuned sgemm; both are single-threaded, hence deterministic. With
-/// `beta == 0`, `c` is only written.
+/// CPU has it, else to the AVX2 one (the same bits), else to a tuned sgemm; all are
+/// single-threaded, hence deterministic. With `beta == 0`, `c` is only written.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
     m: usize,
