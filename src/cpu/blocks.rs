@@ -368,6 +368,12 @@ pub(crate) fn transpose(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
         unsafe { super::kernel::transpose_avx512(x, rows, cols, out) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx") {
+        // SAFETY: AVX was just detected; both slices hold rows x cols elements.
+        unsafe { super::kernel_avx2::transpose_avx(x, rows, cols, out) };
+        return;
+    }
     for (i, row) in x.chunks_exact(cols).enumerate() {
         for (p, &v) in row.iter().enumerate() {
             out[p * rows + i] = v;
