@@ -309,12 +309,15 @@ pub fn decode_step(
 }
 
 /// [`decode_step`] on the CPU into the caller's `o` (`[N, T, HV, V]`, f32 whatever
-/// `opts.out_dtype`; every element written, zeros for padding slots), as an engine calls it between tokens: the step allocates
-/// nothing of the size of its output or the pool, so a caller that keeps `o` pays no page
-/// faults for a fresh one each step. The per-token states are not written here (ask
-/// [`decode_step`] for them); per-token pool rows (`idx.per_token`) are. A pool that starts on
-/// a 64-byte boundary (as PyTorch's and ggml's allocators give) steps about 1.1x as fast as one
-/// 16 bytes off (`Vec<f32>`'s) on an AVX2 CPU: no vector store then straddles a cache line.
+/// `opts.out_dtype`; every element written, zeros for padding slots), as an engine calls it
+/// between tokens. With f32 inputs, the state written in place (K-major) and no per-token rows,
+/// the step allocates nothing of the size of its output or the pool, so a caller that keeps `o`
+/// pays no page faults for a fresh one each step (16-bit inputs are widened into a buffer of
+/// `v`'s size; the other cases take [`decode_step`]'s general path). The per-token states are
+/// not written here (ask [`decode_step`] for them); per-token pool rows (`idx.per_token`) are.
+/// A pool that starts on a 64-byte boundary (as PyTorch's and ggml's allocators give) steps
+/// about 1.1x as fast as one 16 bytes off (`Vec<f32>`'s) on an AVX2 CPU: no vector store then
+/// straddles a cache line.
 ///
 /// ```
 /// use deltanet::decode::{decode_into, StateIndices};
@@ -590,7 +593,7 @@ fn cpu_decode_in_pool(
 }
 
 /// The step on the CPU in f32: per (sequence, value head) the recurrence token by token, then
-/// the pool writes. Returns o and the dense per-token states.
+/// the pool writes. Writes `o_out` and returns the dense per-token states (when asked).
 fn cpu_decode(step: &Step<'_>, pool: &mut [f32], o_out: &mut [f32]) -> Result<Option<Vec<f32>>> {
     let (p, plan, x, idx, opts) = (&step.p, &step.plan, step.x, step.idx, step.opts);
     let token_states = step.token_states;

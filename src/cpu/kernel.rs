@@ -119,14 +119,16 @@ unsafe fn tile<const R: usize>(t: &Tile) {
     let (mut a, mut b) = (t.a, t.b);
     for _ in 0..t.kk {
         let b0 = _mm512_maskz_loadu_ps(t.m0, b);
-        let b1 = _mm512_maskz_loadu_ps(t.m1, b.add(16));
+        // Past the last column, as for the pointers below, only an address is formed (masked
+        // lanes read nothing); `wrapping_add` keeps forming it defined.
+        let b1 = _mm512_maskz_loadu_ps(t.m1, b.wrapping_add(16));
         for (r, acc) in acc.iter_mut().enumerate() {
             let x = _mm512_set1_ps(*a.add(r * t.rsa));
             acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
             acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
         }
-        a = a.add(t.csa);
-        b = b.add(t.ldb);
+        a = a.wrapping_add(t.csa);
+        b = b.wrapping_add(t.ldb);
     }
     let alpha = _mm512_set1_ps(t.alpha);
     let beta = _mm512_set1_ps(t.beta);
@@ -137,9 +139,13 @@ unsafe fn tile<const R: usize>(t: &Tile) {
             let out = if t.beta == 0.0 {
                 ab
             } else {
-                _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(mask, c.add(16 * h)), ab)
+                _mm512_fmadd_ps(
+                    beta,
+                    _mm512_maskz_loadu_ps(mask, c.wrapping_add(16 * h)),
+                    ab,
+                )
             };
-            _mm512_mask_storeu_ps(c.add(16 * h), mask, out);
+            _mm512_mask_storeu_ps(c.wrapping_add(16 * h), mask, out);
         }
     }
 }

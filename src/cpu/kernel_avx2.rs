@@ -139,21 +139,23 @@ unsafe fn tile<const R: usize, const FULL: bool>(t: &Tile) {
     let (mut a, mut b) = (t.a, t.b);
     for _ in 0..t.kk {
         let b0 = load(b, t.m0);
-        let b1 = load(b.add(8), t.m1);
+        // Past the last column, as for the pointers below, only an address is formed (masked
+        // lanes read nothing); `wrapping_add` keeps forming it defined.
+        let b1 = load(b.wrapping_add(8), t.m1);
         for (r, acc) in acc.iter_mut().enumerate() {
             let x = _mm256_broadcast_ss(&*a.add(r * t.rsa));
             acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
             acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
         }
-        a = a.add(t.csa);
-        b = b.add(t.ldb);
+        a = a.wrapping_add(t.csa);
+        b = b.wrapping_add(t.ldb);
     }
     let alpha = _mm256_set1_ps(t.alpha);
     let beta = _mm256_set1_ps(t.beta);
     for (r, acc) in acc.iter().enumerate() {
         let c = t.c.add(r * t.ldc);
         for (h, (&v, mask)) in acc.iter().zip([t.m0, t.m1]).enumerate() {
-            let at = c.add(8 * h);
+            let at = c.wrapping_add(8 * h);
             let ab = _mm256_mul_ps(alpha, v);
             let out = if t.beta == 0.0 {
                 ab

@@ -59,26 +59,44 @@ pub(crate) fn for_each_task(n: usize, small: bool, f: impl Fn(usize) + Sync + Se
     }
 }
 
-/// The size of the last-level cache in bytes (Linux's sysfs; 32 MiB where it cannot be read).
+/// The size of the last-level data cache in bytes, as Linux's sysfs gives it for cpu0 (the
+/// highest level that is not an instruction cache); 32 MiB where it cannot be read.
 pub(crate) fn last_level_cache() -> usize {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *BYTES.get_or_init(|| {
-        (0..8)
-            .rev()
-            .find_map(|i| {
-                let path = format!("/sys/devices/system/cpu/cpu0/cache/index{i}/size");
-                let text = std::fs::read_to_string(path).ok()?;
-                let text = text.trim();
-                let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit())?);
-                let scale = match unit {
-                    "K" => 1 << 10,
-                    "M" => 1 << 20,
-                    _ => return None,
-                };
-                digits.parse::<usize>().ok().map(|d| d * scale)
+        let read = |i: usize, what: &str| {
+            std::fs::read_to_string(format!(
+                "/sys/devices/system/cpu/cpu0/cache/index{i}/{what}"
+            ))
+            .ok()
+            .map(|s| s.trim().to_string())
+        };
+        (0..16)
+            .filter_map(|i| {
+                let level: u32 = read(i, "level")?.parse().ok()?;
+                (read(i, "type")? != "Instruction")
+                    .then(|| Some((level, cache_size(&read(i, "size")?)?)))
+                    .flatten()
             })
-            .unwrap_or(32 << 20)
+            .max_by_key(|&(level, _)| level)
+            .map_or(32 << 20, |(_, bytes)| bytes)
     })
+}
+
+/// A cache size as sysfs writes it (`32768K`, `1M`, or bytes).
+fn cache_size(text: &str) -> Option<usize> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let scale: usize = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return None,
+    };
+    digits.parse::<usize>().ok()?.checked_mul(scale)
 }
 
 /// The CPU device. Buffers are `Vec<f32>`.
@@ -286,6 +304,21 @@ pub(crate) fn check_exp(exp_lanes: impl Fn(&[f32; 16]) -> [f32; 16]) {
     assert_eq!(special[10], 0.0);
     assert_eq!(special[11], f32::INFINITY);
     assert_eq!(special[12], 0.0);
+}
+
+#[cfg(test)]
+mod cache_tests {
+    #[test]
+    fn cache_sizes_parse_as_sysfs_writes_them() {
+        assert_eq!(super::cache_size("32768K"), Some(32 << 20));
+        assert_eq!(super::cache_size("1M"), Some(1 << 20));
+        assert_eq!(super::cache_size("2G"), Some(2 << 30));
+        assert_eq!(super::cache_size("4096"), Some(4096));
+        assert_eq!(super::cache_size("12 K"), None);
+        assert_eq!(super::cache_size("K"), None);
+        assert_eq!(super::cache_size("99999999999999999999G"), None);
+        assert!(super::last_level_cache() > 0);
+    }
 }
 
 #[cfg(test)]

@@ -440,7 +440,11 @@ fn update_row<const B: usize, const FMA: bool>(
 /// every token is one block of the widest columns: the second pass of token i runs row by row
 /// together with the first pass of token i + 1, so that the next state's reads overlap this
 /// one's writes (a two-pass step per state alone leaves them apart: `dev/cpu_micro/`,
-/// NOTES-CPU.md).
+/// NOTES-CPU.md). That is the AVX-512 form, which also fetches the state given as the last
+/// token's `next`. With AVX2 each token takes [`rows_step`], and `fetch` says whether to fetch
+/// each next state (the next token's, then the last token's `next`) during the step before it:
+/// the caller asks for it where the states do not stay in the last-level cache between steps
+/// (measured on an AVX2 host only; the AVX-512 form is unchanged).
 pub(crate) fn token_steps(tokens: &mut [Token<'_, '_>], fetch: bool) {
     #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
     if crate::cpu::kernel::have_avx512() && tokens.iter().all(|t| t.u.len() == 128) {
