@@ -298,11 +298,7 @@ fn product(
                 let mut bt = buf.borrow_mut();
                 bt.clear();
                 bt.resize(k * n, 0.0);
-                for (j, row) in b[..n * k].chunks_exact(k).enumerate() {
-                    for (p, &x) in row.iter().enumerate() {
-                        bt[p * n + j] = x;
-                    }
-                }
+                transpose(b, n, k, &mut bt);
                 run(&bt);
             });
         } else {
