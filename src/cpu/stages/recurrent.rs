@@ -295,10 +295,8 @@ fn rows_step_with<const FMA: bool>(
     let kq = dot_fma::<FMA>(k, q);
     let v = &v[..w];
     for c in 0..w {
-        let ub = beta * madd::<FMA>(-decay, ka[c], v[c]);
-        o[c] = scale * madd::<FMA>(ub, kq, decay * qa[c]);
-        ka[c] = ub;
-        u[c] = ub;
+        let (uc, oc) = u_and_o::<FMA>(ka[c], qa[c], v[c], decay, beta, scale, kq);
+        (ka[c], u[c], o[c]) = (uc, uc, oc);
     }
     let ub = &*ka;
     for r in 0..kdim {
@@ -403,8 +401,7 @@ fn finish<const B: usize, const FMA: bool>(
         .zip(ka.iter().zip(qa))
         .zip(&t.v[c0..c0 + B])
     {
-        *ub = beta * madd::<FMA>(-decay, a, vc);
-        *o = scale * madd::<FMA>(*ub, kq, decay * b);
+        (*ub, *o) = u_and_o::<FMA>(a, b, vc, decay, beta, scale, kq);
     }
     t.u[c0..c0 + B].copy_from_slice(&ub);
     ub
@@ -528,6 +525,24 @@ fn pipelined<const B: usize, const FMA: bool>(tokens: &mut [Token<'_, '_>]) {
             }
         }
     }
+}
+
+/// One column's `u = beta (v - decay S^T k)` and `o = scale (decay S^T q + u (q . k))` from its
+/// sums `ka = S^T k`, `qa = S^T q` of the undecayed state: the one formula of every step form,
+/// so they give the same bits.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn u_and_o<const FMA: bool>(
+    ka: f32,
+    qa: f32,
+    v: f32,
+    decay: f32,
+    beta: f32,
+    scale: f32,
+    kq: f32,
+) -> (f32, f32) {
+    let u = beta * madd::<FMA>(-decay, ka, v);
+    (u, scale * madd::<FMA>(u, kq, decay * qa))
 }
 
 /// `a * b + c`: one fused multiply-add with `FMA` (the variants built for CPUs that have it),
