@@ -81,17 +81,19 @@ def main():
     objs = []
     drv = os.path.join(root, "dev/fused_emulate_driver.cpp")
     # One translation unit per kernel configuration (each has its own macros).
-    # (K, V, columns a block, output warps, K split between two state warps, two state buffers).
-    # K = 96 and 80: the update's tiles of h^T not a multiple of 8.
-    confs = [(32, 32, 16, 0, 0, 0), (32, 32, 16, 1, 0, 0), (96, 32, 32, 0, 0, 0), (32, 32, 16, 1, 1, 0),
-             (80, 32, 32, 1, 0, 0), (64, 48, 16, 1, 0, 0), (64, 48, 16, 1, 1, 0), (32, 32, 32, 1, 1, 0),
-             (32, 32, 16, 1, 0, 1), (64, 48, 16, 1, 1, 1), (80, 32, 32, 1, 0, 1), (32, 32, 32, 1, 1, 1)]
+    # (K, V, columns a block, output warps, K split between two state warps, two state buffers,
+    # the planes in one stage buffer). K = 96 and 80: the update's tiles of h^T not a multiple
+    # of 8.
+    confs = [(32, 32, 16, 0, 0, 0, 0), (32, 32, 16, 1, 0, 0, 0), (96, 32, 32, 0, 0, 0, 0), (32, 32, 16, 1, 1, 0, 0),
+             (80, 32, 32, 1, 0, 0, 0), (64, 48, 16, 1, 0, 0, 0), (64, 48, 16, 1, 1, 0, 0), (32, 32, 32, 1, 1, 0, 0),
+             (32, 32, 16, 1, 0, 1, 0), (64, 48, 16, 1, 1, 1, 0), (80, 32, 32, 1, 0, 1, 0), (32, 32, 32, 1, 1, 1, 0),
+             (32, 32, 32, 0, 0, 0, 1), (64, 48, 16, 0, 0, 0, 1)]
     entries = []
-    for n, (dk, dv, vt, split, ksplit, hbuf) in enumerate(confs):
+    for n, (dk, dv, vt, split, ksplit, hbuf, late) in enumerate(confs):
         d = (f"#define DK {dk}\n#define DV {dv}\n#define VT {vt}\n#define IN_T 1\n#define FUSED_MMA 1\n"
              f"#define NBUF 2\n#define FUSED_WIDE 0\n#define RTHREADS 256\n#define PLANES 1\n"
              f"#define PIECES 3\n#define SPLIT_OUT {split}\n#define OUT_T 0\n#define KSPLIT {1 + ksplit}\n"
-             f"#define HBUF {1 + hbuf}\n")
+             f"#define HBUF {1 + hbuf}\n#define LATE_PLANES {late}\n")
         for kernel, fn in [("chunk_intra.cu", "chunk_intra"), ("chunk_recurrent_regs.cu", "chunk_recurrent_regs")]:
             name = f"{fn}_{n}"
             threads = "256" if fn == "chunk_intra" else "THREADS"
@@ -101,7 +103,7 @@ def main():
             path = f"{out}_{name}.cpp"
             open(path, "w").write(unit(kernel, d, entry))
             objs.append(path)
-        entries.append(f"{{{dk}, {dv}, {vt}, {split}, {ksplit}, {hbuf}, emu_chunk_intra_{n}, emu_chunk_recurrent_regs_{n}}}")
+        entries.append(f"{{{dk}, {dv}, {vt}, {split}, {ksplit}, {hbuf}, {late}, emu_chunk_intra_{n}, emu_chunk_recurrent_regs_{n}}}")
     decl = "".join(f'extern "C" void emu_chunk_intra_{n}(const void*, long long, long long);\n'
                    f'extern "C" void emu_chunk_recurrent_regs_{n}(const void*, long long, long long);\n'
                    for n in range(len(confs)))

@@ -35,7 +35,7 @@ struct RecParams {
     float warm_log;
 };
 struct Conf {
-    int dk, dv, vt, split, ksplit, hbuf;
+    int dk, dv, vt, split, ksplit, hbuf, late;
     void (*intra)(const void*, long long, long long);
     void (*rec)(const void*, long long, long long);
 };
@@ -214,8 +214,8 @@ int main(int argc, char** argv) {
         failures += !ok;
         int nslow = 0;
         for (int x : slow) nslow += x;
-        printf("%s case %d: K=%d V=%d VT=%d split=%d ksplit=%d hbuf=%d H=%d HV=%d seqs=%d T=%lld l2norm=%d tiled=%d h0=%d segments=%d slow heads=%d nan v=%d: o %.2e, final state %.2e\n",
-               ok ? "ok  " : "FAIL", c, dk, dv, cf.vt, cf.split, cf.ksplit, cf.hbuf, h, hv, seqs, (long long)T, l2, tiled, with_h0,
+        printf("%s case %d: K=%d V=%d VT=%d split=%d ksplit=%d hbuf=%d late=%d H=%d HV=%d seqs=%d T=%lld l2norm=%d tiled=%d h0=%d segments=%d slow heads=%d nan v=%d: o %.2e, final state %.2e\n",
+               ok ? "ok  " : "FAIL", c, dk, dv, cf.vt, cf.split, cf.ksplit, cf.hbuf, cf.late, h, hv, seqs, (long long)T, l2, tiled, with_h0,
                segd ? segments : 1, nslow, (int)nan_v, eo, es);
         fflush(stdout);
     }

@@ -128,6 +128,22 @@ fn tunings() -> Vec<fused::Tuning> {
             vt: Some(128),
             ..Tuning::default()
         },
+        // The plain kernel with its planes in one buffer (opt-in), also where two whole stage
+        // buffers would fit.
+        Tuning {
+            regs: Some(true),
+            vt: Some(128),
+            late_planes: Some(true),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            vt: Some(32),
+            split: Some(false),
+            late_planes: Some(true),
+            segments: Some(2),
+            ..Tuning::default()
+        },
     ]
 }
 

@@ -129,6 +129,10 @@ pub struct Config {
     /// With `split`: the state in two shared-memory buffers (`HBUF = 2`), so that the state
     /// warps' update need not wait for the output warps' Q H^T.
     pub hbuf: bool,
+    /// The plain `chunk_recurrent_regs` with two stage buffers of every row but the `a_inv`
+    /// and `p` planes, which have one, refilled once the chunk's output is formed
+    /// (`LATE_PLANES`): how the exact 128-column kernel double-buffers in the shared memory.
+    pub late_planes: bool,
 }
 
 impl Config {
@@ -137,7 +141,7 @@ impl Config {
         format!(
             "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
              #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n\
-             #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n#define HBUF {}\n",
+             #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n#define HBUF {}\n#define LATE_PLANES {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -152,6 +156,7 @@ impl Config {
             dtype_code(self.out),
             if self.ksplit { 2 } else { 1 },
             if self.hbuf { 2 } else { 1 },
+            i32::from(self.late_planes),
         )
     }
 
@@ -209,7 +214,13 @@ impl Config {
             }
             Kernel::ChunkRecurrentRegs => {
                 let (sk, spl, svr) = (self.dk + 8, self.pieces * CHUNK + 8, self.vt + 8);
-                let stage = (2 * CHUNK * sk + 2 * CHUNK * spl + CHUNK * svr) * 2 + CHUNK * 16;
+                let planes = 2 * CHUNK * spl * 2;
+                let rows = (2 * CHUNK * sk + CHUNK * svr) * 2 + CHUNK * 16;
+                let stages = if self.late_planes {
+                    planes + self.nbuf * rows
+                } else {
+                    self.nbuf * (planes + rows)
+                };
                 // Each group's K x 16 f32 state slice after the stage buffers; when split, its
                 // v_new^T (64 x 16 f32) and first bad row after those.
                 let groups = self.vt / 16;
@@ -226,7 +237,7 @@ impl Config {
                         0
                     };
                 let hbufs = if self.hbuf { 2 } else { 1 };
-                self.nbuf * stage + hbufs * groups * self.dk * 16 * 4 + split
+                stages + hbufs * groups * self.dk * 16 * 4 + split
             }
         }
     }
@@ -279,6 +290,7 @@ pub fn standard_configs() -> Vec<Config> {
         out: DType::F32,
         ksplit: false,
         hbuf: false,
+        late_planes: false,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -308,6 +320,12 @@ pub fn standard_configs() -> Vec<Config> {
             ..config(dk, 128, vt, DType::BF16, 2, false)
         });
     }
+    // The exact 128-column plain kernel as it runs: one buffer of the planes, two of the rest.
+    v.push(Config {
+        regs: true,
+        late_planes: true,
+        ..config(128, 128, 128, DType::BF16, 2, false)
+    });
     // o written in bf16 by both recurrent kernels.
     v.push(Config {
         out: DType::BF16,
@@ -427,13 +445,16 @@ pub struct Tuning {
     /// applies (a test knob). By default chosen from the SM count where the blocks of whole
     /// sequences would not fill the GPU, with segments of at least 16 chunks.
     pub segments: Option<usize>,
+    /// The plain `chunk_recurrent_regs` with one buffer of the `a_inv` and `p` planes and two
+    /// of the other rows; off by default (host-emulated, not yet measured on a GPU).
+    pub late_planes: Option<bool>,
 }
 
 impl Tuning {
     /// From the environment: `DELTANET_FUSED_VT`, `DELTANET_FUSED_NBUF`,
     /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`, `DELTANET_FUSED_REGS=0|1`,
     /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`,
-    /// `DELTANET_FUSED_HBUF=0|1`, `DELTANET_FUSED_SEGMENTS`.
+    /// `DELTANET_FUSED_HBUF=0|1`, `DELTANET_FUSED_SEGMENTS`, `DELTANET_FUSED_LATE=0|1`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -454,6 +475,7 @@ impl Tuning {
             ksplit: flag("DELTANET_FUSED_KSPLIT"),
             hbuf: flag("DELTANET_FUSED_HBUF"),
             segments: num("DELTANET_FUSED_SEGMENTS"),
+            late_planes: flag("DELTANET_FUSED_LATE"),
         }
     }
 }
@@ -496,6 +518,7 @@ fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &
         out: DType::F32,
         ksplit: false,
         hbuf: false,
+        late_planes: false,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -590,10 +613,18 @@ fn regs_config_for(
         out: DType::F32,
         ksplit,
         hbuf: false,
+        late_planes: false,
     };
     let max = dev.max_shared_per_block();
+    // Where asked for, two of every row but the planes in the plain kernel (opt-in until
+    // measured on a GPU: NOTES-GPU.md, twelfth stop), else one stage buffer where two whole
+    // ones do not fit.
+    if !split && cfg.nbuf == 2 && tuning.late_planes == Some(true) {
+        cfg.late_planes = true;
+    }
     if cfg.shared_bytes(Kernel::ChunkRecurrentRegs) > max {
         cfg.nbuf = 1;
+        cfg.late_planes = false;
     }
     while cfg.shared_bytes(Kernel::ChunkRecurrentRegs) > max && cfg.vt > 16 {
         cfg.vt /= 2;

@@ -121,7 +121,7 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
     for cfg in standard_configs() {
         for kernel in cfg.kernels() {
             let name = format!(
-                "fused_{}_k{}_v{}_vt{}_{}{}{}{}{}",
+                "fused_{}_k{}_v{}_vt{}_{}{}{}{}{}{}",
                 kernel.name(),
                 cfg.dk,
                 cfg.dv,
@@ -140,6 +140,7 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
                     (true, false, true) => "_split_hbuf",
                     _ => "",
                 },
+                if cfg.late_planes { "_late" } else { "" },
                 if cfg.out == DType::F32 {
                     String::new()
                 } else {

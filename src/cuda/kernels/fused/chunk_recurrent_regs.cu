@@ -75,6 +75,19 @@
 #if HBUF == 2 && !SPLIT_OUT
 #error "HBUF = 2 needs SPLIT_OUT"
 #endif
+// LATE_PLANES = 1 (the plain kernel, NBUF = 2): the a_inv and p planes in one buffer, the
+// chunk's other rows (K, Q, v, scalings) in two; the next chunk's planes are queued once every
+// warp has formed this chunk's output (their last reader), to land while the state is updated.
+// Why: the exact 128-column kernel's two full stage buffers (2 x 104 KB) and its state (64 KB)
+// exceed the shared memory, and with one buffer every chunk waited for its own rows at the top
+// (Nsight Compute, NOTES-GPU.md call BA: 13 % of the stall samples there, 4 % at barriers).
+// Opt-in (DELTANET_FUSED_LATE=1) until measured on a GPU.
+#ifndef LATE_PLANES
+#define LATE_PLANES 0
+#endif
+#if LATE_PLANES && (SPLIT_OUT || NBUF != 2)
+#error "LATE_PLANES needs the plain kernel with two stage buffers"
+#endif
 #define GROUPS (VT / 16)  // 16-column groups, each with its state warps (and an output warp)
 #define THREADS (GROUPS * 32 * (KSPLIT + SPLIT_OUT))
 // With SPLIT_OUT the output warps alone stage the chunk's rows, off the state chain (every warp
@@ -174,15 +187,21 @@ struct Stage {
     u16* Vr;      // [C][SVR] v, this block's columns
     float4* sc;   // [C] row scalings
 };
-__device__ __forceinline__ size_t stage_bytes() {
-    return (size_t)2 * C * SK * 2 + (size_t)2 * C * SPL * 2 + (size_t)C * SVR * 2 + C * 16;
+// A stage buffer's a_inv and p planes, and its other rows (scalings first: 16-byte aligned).
+__device__ __forceinline__ size_t planes_bytes() { return (size_t)2 * C * SPL * 2; }
+__device__ __forceinline__ size_t rows_bytes() { return (size_t)(2 * C * SK + C * SVR) * 2 + C * 16; }
+// Every stage buffer: NBUF of both parts, or with LATE_PLANES one of the planes.
+__device__ __forceinline__ size_t stages_bytes() {
+    return LATE_PLANES ? planes_bytes() + NBUF * rows_bytes() : NBUF * (planes_bytes() + rows_bytes());
 }
-__device__ __forceinline__ Stage stage_at(unsigned char* base) {
+__device__ __forceinline__ Stage stage_at(unsigned char* base, int b) {
     Stage s;
-    s.sc = (float4*)base;
-    s.X = (u16*)(s.sc + C);
+    unsigned char* planes = base + (LATE_PLANES ? 0 : b * (planes_bytes() + rows_bytes()));
+    unsigned char* rows = LATE_PLANES ? base + planes_bytes() + b * rows_bytes() : planes + planes_bytes();
+    s.X = (u16*)planes;
     s.Pm = s.X + C * SPL;
-    s.K = s.Pm + C * SPL;
+    s.sc = (float4*)rows;
+    s.K = (u16*)(s.sc + C);
     s.Q = s.K + C * SK;
     s.Vr = s.Q + C * SK;
     return s;
@@ -268,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
     // Fragment element e of tile nb: row (state column) g + 8 (e >> 1), column 8 nb + 2t + (e & 1).
     const int cw = 16 * grp;
     // This group's state slice (see hs below) in buffer 0 of HBUF, after the stage buffers.
-    float4* hs_all = (float4*)(smem_raw + NBUF * stage_bytes());
+    float4* hs_all = (float4*)(smem_raw + stages_bytes());
     float4* const hs0 = hs_all + grp * (NDT * 32) + lane;
     constexpr int HSTRIDE = GROUPS * NDT * 32;  // float4 a state buffer
 #if SPLIT_OUT
@@ -331,25 +350,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         }
         const i64 kh = qk_head(j, P.h, hv, P.tiled);
         const i64 c0 = tile * VT;
-        // Queues chunk ci's rows into stage buffer b (rows past the chunk's end are zero).
+        // Queues the rows of the chunk at `start` (len rows) into stage buffer b (rows past the
+        // chunk's end are zero): its planes (what & 2) and its other rows (what & 1).
         // With SPLIT_OUT the output warps stage the rows: the copies stay off the state chain.
-        auto issue = [&](i64 ci, int b) {
+        auto issue = [&](i64 start, int len, int b, int what) {
             if (SPLIT_OUT && state_warp) return;
             const int tid = threadIdx.x - (SPLIT_OUT ? KSPLIT * GROUPS * 32 : 0);
-            const Stage st = stage_at(smem_raw + b * stage_bytes());
-            const i64 start = chunk_start[ci];
-            const int len = (int)chunk_len[ci];
-            stage_rows_by<u16, DK, STAGERS>(st.K, SK, k + (start * P.h + kh) * DK, P.h * DK, len, tid);
-            stage_rows_by<u16, DK, STAGERS>(st.Q, SK, q + (start * P.h + kh) * DK, P.h * DK, len, tid);
-            // a_inv and p plane by plane (64 bf16 each: the pieces of a row divide the stagers).
-            const i64 xrow = (start * hv + j) * (PIECES * C), xstride = hv * PIECES * C;
-#pragma unroll
-            for (int pc = 0; pc < PIECES; ++pc) {
-                stage_rows_by<u16, C, STAGERS>(st.X + pc * C, SPL, a_inv + xrow + pc * C, xstride, len, tid);
-                stage_rows_by<u16, C, STAGERS>(st.Pm + pc * C, SPL, pin + xrow + pc * C, xstride, len, tid);
+            const Stage st = stage_at(smem_raw, b);
+            if (what & 1) {
+                stage_rows_by<u16, DK, STAGERS>(st.K, SK, k + (start * P.h + kh) * DK, P.h * DK, len, tid);
+                stage_rows_by<u16, DK, STAGERS>(st.Q, SK, q + (start * P.h + kh) * DK, P.h * DK, len, tid);
             }
-            stage_rows_by<u16, VT, STAGERS>(st.Vr, SVR, v + (start * hv + j) * DV + c0, hv * DV, len, tid);
-            stage_rows_by<float, 4, STAGERS>((float*)st.sc, 4, (const float*)(scal + start * hv + j), hv * 4, len, tid);
+            if (what & 2) {
+                // a_inv and p plane by plane (64 bf16 each: the pieces of a row divide the stagers).
+                const i64 xrow = (start * hv + j) * (PIECES * C), xstride = hv * PIECES * C;
+#pragma unroll
+                for (int pc = 0; pc < PIECES; ++pc) {
+                    stage_rows_by<u16, C, STAGERS>(st.X + pc * C, SPL, a_inv + xrow + pc * C, xstride, len, tid);
+                    stage_rows_by<u16, C, STAGERS>(st.Pm + pc * C, SPL, pin + xrow + pc * C, xstride, len, tid);
+                }
+            }
+            if (what & 1) {
+                stage_rows_by<u16, VT, STAGERS>(st.Vr, SVR, v + (start * hv + j) * DV + c0, hv * DV, len, tid);
+                stage_rows_by<float, 4, STAGERS>((float*)st.sc, 4, (const float*)(scal + start * hv + j), hv * 4, len, tid);
+            }
             cp_async_commit();
         };
         // hs[32 nd] = {h[8 nd + 2t + (e & 1)][c0 + cw + g + 8 (e >> 1)] : e < 4}: this lane's
@@ -366,10 +390,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         }
         __syncthreads();  // every warp is past the previous item's reads of the stage buffers
 
-        if (c_from < ce) issue(c_from, 0);
+        // Where chunks ci and ci + 1 start and how long they are, carried in registers: each
+        // chunk loads those of ci + 2, so that no staging waits on these loads.
+        auto chunk_at = [&](i64 c, i64& st, int& ln) {
+            st = c < ce ? chunk_start[c] : 0;
+            ln = c < ce ? (int)chunk_len[c] : 0;
+        };
+        i64 start, nx_start;
+        int len, nx_len;
+        chunk_at(c_from, start, len);
+        chunk_at(c_from + 1, nx_start, nx_len);
+        if (c_from < ce) issue(start, len, 0, 3);
         for (i64 ci = c_from; ci < ce; ++ci) {
-            const i64 start = chunk_start[ci];
-            const int len = (int)chunk_len[ci];
+            i64 nn_start;
+            int nn_len;
+            chunk_at(ci + 2, nn_start, nn_len);
             const bool emit = ci >= cs;  // else a warm-up chunk: the state only
             const int b = NBUF == 2 ? (int)((ci - c_from) & 1) : 0;
             cp_async_wait<0>();
@@ -377,9 +412,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             // the last reader of the other buffer.
             __syncthreads();
 #if NBUF == 2
-            if (ci + 1 < ce) issue(ci + 1, b ^ 1);
+            if (ci + 1 < ce) issue(nx_start, nx_len, b ^ 1, LATE_PLANES ? 1 : 3);
 #endif
-            const Stage st = stage_at(smem_raw + b * stage_bytes());
+            const Stage st = stage_at(smem_raw, b);
             // h entering the chunk, and where the update writes h leaving it.
             const int hb = HBUF == 2 ? (int)((ci - c_from) & 1) : 0;
             const float4* hs = hs0 + hb * HSTRIDE;
@@ -521,6 +556,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 output_qh(qh);
                 output_rest(qh, vn, lv);
             }
+#if LATE_PLANES
+            // Every warp is past its last read of this chunk's planes.
+            __syncthreads();
+            if (ci + 1 < ce) issue(nx_start, nx_len, 0, 2);
+#endif
 #endif
             PHASE();
             if (state_warp) {
@@ -566,8 +606,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             }
 #if NBUF == 1
             __syncthreads();  // every warp is done with the buffer before it is refilled
-            if (ci + 1 < ce) issue(ci + 1, 0);
+            if (ci + 1 < ce) issue(nx_start, nx_len, 0, 3);
 #endif
+            start = nx_start;
+            len = nx_len;
+            nx_start = nn_start;
+            nx_len = nn_len;
         }
         if (P.part == 1 && state_warp && !last_seg) {
             // The leaving state's non-finite columns (this lane's g and g + 8, over its tiles,
