@@ -139,8 +139,10 @@ int main(int argc, char** argv) {
         for (auto& x : h0) x = (float)(0.1 * N01());
         const float scale = 1.0f / std::sqrt((float)dk);
         // Workspace: a_inv and p planes (3 bf16 pieces of 64 per row), 4 f32 scalings per row.
+        // The planes start as NaN: chunk_intra leaves their blocks above the diagonal unwritten,
+        // so a recurrent kernel that read one would show it.
         const i64 rows = T * hv;
-        std::vector<unsigned short> a_inv(rows * 3 * C), pp(rows * 3 * C);
+        std::vector<unsigned short> a_inv(rows * 3 * C, 0xffff), pp(rows * 3 * C, 0xffff);
         std::vector<float> scal(rows * 4), o(T * hv * dv, NAN), fin(seqs * hv * kv, NAN);
         std::vector<float> decay(chunks * hv, NAN);
         std::vector<int> nan_cols(seqs * 3 * hv * 2 * dv, -1);

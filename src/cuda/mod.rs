@@ -471,14 +471,31 @@ impl CudaDevice {
         bytes: usize,
         what: &str,
     ) -> Result<()> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.fill_bytes(ptr, 0, bytes, what) }
+    }
+
+    /// Queues the setting of `bytes` bytes at `ptr` to `value`.
+    ///
+    /// # Safety
+    /// `ptr` holds `bytes` bytes on this device's context.
+    pub(crate) unsafe fn fill_bytes(
+        &self,
+        ptr: CUdeviceptr,
+        value: u8,
+        bytes: usize,
+        what: &str,
+    ) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
-        let fail = |e: DriverError| cuda_err(format!("zeroing {what}"))(e);
+        let fail = |e: DriverError| cuda_err(format!("filling {what}"))(e);
         self.ctx.bind_to_thread().map_err(fail)?;
         // SAFETY: the caller vouches for the range; the operation is ordered on the stream.
-        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }
-            .map_err(fail)
+        unsafe {
+            cudarc::driver::result::memset_d8_async(ptr, value, bytes, self.stream.cu_stream())
+        }
+        .map_err(fail)
     }
 
     /// Queues a copy of `n` f32 from `x` to `y` (a no-op when they are the same memory).

@@ -8,7 +8,9 @@
 // with rk, rq = 1/|k|, 1/|q| (or 1 without l2norm), d_i the decay from the chunk start to i and
 // D_il from l to i (Gamma's semantics: exp of differences of gamma + lo, 0 across a reset).
 // With PLANES (for chunk_recurrent_regs) a_inv and p rows are written as their PIECES bf16
-// pieces (see split3), planes of 64 side by side: 64 PIECES bf16 per row.
+// pieces (see split3), planes of 64 side by side: 64 PIECES bf16 per row. Of these planes only
+// the 16 x 16 blocks on and below the diagonal are written (three eighths of the bytes less): the
+// recurrent kernel stages and reads no others, and the rest of the workspace keeps what it held.
 // Why so: w = A_inv (beta d k_hat) and u = A_inv (beta v) are never formed. The recurrent kernel
 // computes v_new = a_inv (v - diag(d rk) K h), the same value with 64 instead of K + V values
 // per token written here, and K h needs the keys it reads anyway.
@@ -322,7 +324,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
                     tile(a, false);
                 } else if (cb + 8 * a <= rb + 15) {
                     tile(a, true);
-                } else {
+                } else if (!PLANES) {
+                    // Wholly above the diagonal: a 16 x 16 block above it with PLANES, which no
+                    // one reads (see the header), so not written; zeros in the f32 rows.
                     const int l0 = cb + 8 * a + frag_col(0);
                     const float zero[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -410,9 +414,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
         }
         // 6. a_inv diag(beta) and the row scalings, valid rows only (beta is 0 past len).
 #if PLANES
-        // Eight consecutive columns of one row per thread: one 16-byte store per plane.
+        // Eight consecutive columns of one row per thread: one 16-byte store per plane. The
+        // 16 x 16 blocks above the diagonal are not written (see the header).
         for (int e = tid; e < len * (C / 8); e += THREADS) {
             const int r = e / (C / 8), l0 = (e % (C / 8)) * 8;
+            if ((l0 >> 4) > (r >> 4)) continue;
             unsigned pc[3][4];
 #pragma unroll
             for (int h = 0; h < 4; ++h) {

@@ -362,12 +362,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 stage_rows_by<u16, DK, STAGERS>(st.Q, SK, q + (start * P.h + kh) * DK, P.h * DK, len, tid);
             }
             if (what & 2) {
-                // a_inv and p plane by plane (64 bf16 each: the pieces of a row divide the stagers).
+                // a_inv and p plane by plane (64 bf16 each: the pieces of a row divide the
+                // stagers), their 16 x 16 blocks on and below the diagonal only: times_planes
+                // reads no others, and chunk_intra writes no others.
                 const i64 xrow = (start * hv + j) * (PIECES * C), xstride = hv * PIECES * C;
 #pragma unroll
                 for (int pc = 0; pc < PIECES; ++pc) {
-                    stage_rows_by<u16, C, STAGERS>(st.X + pc * C, SPL, a_inv + xrow + pc * C, xstride, len, tid);
-                    stage_rows_by<u16, C, STAGERS>(st.Pm + pc * C, SPL, pin + xrow + pc * C, xstride, len, tid);
+                    stage_rows_by<u16, C, STAGERS, true>(st.X + pc * C, SPL, a_inv + xrow + pc * C, xstride, len, tid);
+                    stage_rows_by<u16, C, STAGERS, true>(st.Pm + pc * C, SPL, pin + xrow + pc * C, xstride, len, tid);
                 }
             }
             if (what & 1) {

@@ -151,13 +151,17 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // Copies rows [0, 64) x `cols` elements of a row-major global matrix (row i at src + i *
 // src_stride, 16-byte aligned) into shared rows of `dst_stride` elements; rows >= len are zero.
 // This thread (`tid` of `nt` copying threads) takes pieces tid, tid + nt, ... of 16 bytes.
-template <typename T, int cols>
+// LOWER: only the 16 x 16 blocks on and below the diagonal of a 64 x 64 matrix (the others of
+// dst are left as they are): for lower-triangular matrices whose upper blocks are never read.
+template <typename T, int cols, bool LOWER = false>
 __device__ __forceinline__ void stage_rows_loop(T* dst, int dst_stride, const T* src, i64 src_stride,
                                                 int len, int tid, int nt) {
+    static_assert(!LOWER || cols == 64, "LOWER: a 64 x 64 matrix");
     constexpr int per_row = cols * (int)sizeof(T) / 16;
     for (int e = tid; e < 64 * per_row; e += nt) {
         const int i = e / per_row, piece = e % per_row;
         const int off = piece * (16 / (int)sizeof(T));
+        if (LOWER && (off >> 4) > (i >> 4)) continue;
         const bool valid = i < len;
         cp_async16(dst + i * dst_stride + off, valid ? src + i * src_stride + off : src, valid);
     }
@@ -174,9 +178,10 @@ __device__ __forceinline__ void stage_rows(T* dst, int dst_stride, const T* src,
 // (NT / pieces)-th row, so the loop unrolls into a pointer step, a compare and a copy per piece.
 // Why: the general loop (a division, a remainder and a 64-bit product per piece) was half of
 // chunk_recurrent_regs's instructions (Nsight Compute, NOTES-GPU.md).
-template <typename T, int cols, int NT>
+template <typename T, int cols, int NT, bool LOWER = false>
 __device__ __forceinline__ void stage_rows_by(T* dst, int dst_stride, const T* src, i64 src_stride,
                                               int len, int tid) {
+    static_assert(!LOWER || cols == 64, "LOWER: a 64 x 64 matrix");
     constexpr int per_row = cols * (int)sizeof(T) / 16;
     if constexpr (NT % per_row == 0) {
         constexpr int step = NT / per_row;  // rows apart of one thread's pieces
@@ -188,11 +193,12 @@ __device__ __forceinline__ void stage_rows_by(T* dst, int dst_stride, const T* s
 #pragma unroll 4
         for (int it = 0; it < iters; ++it) {
             const int i = r0 + it * step;
-            if (64 % step == 0 || i < 64) cp_async16(d + it * step * dst_stride, i < len ? s : src, i < len);
+            if ((64 % step == 0 || i < 64) && (!LOWER || (off >> 4) <= (i >> 4)))
+                cp_async16(d + it * step * dst_stride, i < len ? s : src, i < len);
             s += s_step;
         }
     } else {
-        stage_rows_loop<T, cols>(dst, dst_stride, src, src_stride, len, tid, NT);
+        stage_rows_loop<T, cols, LOWER>(dst, dst_stride, src, src_stride, len, tid, NT);
     }
 }
 
