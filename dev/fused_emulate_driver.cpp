@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -33,6 +34,7 @@ struct RecParams {
     u64 chunk_decay, nan_cols;
     i64 segments, min_seg, warm_max;
     float warm_log;
+    u64 seq_order;
 };
 struct Conf {
     int dk, dv, vt, split, ksplit, hbuf, late;
@@ -154,10 +156,16 @@ int main(int argc, char** argv) {
         const long long sk = dk + 8;
         const long long intra_smem = (2 * C * (C + 4) + 3 * 256 + 7 * C) * 4 + 16 + 2 * C * sk * 2;
         if (chunks) cf.intra(&ip, chunks * hv, intra_smem);
+        // The sequences longest first, ties in order, as the library orders them.
+        std::vector<i64> order(seqs);
+        for (i64 n = 0; n < seqs; ++n) order[n] = n;
+        std::stable_sort(order.begin(), order.end(), [&](i64 a, i64 b) {
+            return sfirst[a + 1] - sfirst[a] > sfirst[b + 1] - sfirst[b];
+        });
         RecParams rp{(u64)q.data(), (u64)k.data(), (u64)v.data(), (u64)a_inv.data(), (u64)pp.data(),
                      (u64)scal.data(), with_h0 ? (u64)h0.data() : 0, (u64)o.data(), (u64)fin.data(), 0,
                      (u64)cstart.data(), (u64)clen.data(), (u64)sfirst.data(), seqs, h, hv, tiled,
-                     0, (u64)decay.data(), (u64)nan_cols.data(), 1, 1, 3, -25.0f};
+                     0, (u64)decay.data(), (u64)nan_cols.data(), 1, 1, 3, -25.0f, (u64)order.data()};
         const int segments = 2 + rng() % 2;
         const long long groups = cf.vt / 16;
         const long long stage = (2 * C * (dk + 8) + 2 * C * (3 * C + 8) + C * (cf.vt + 8)) * 2 + C * 16;

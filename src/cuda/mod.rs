@@ -52,8 +52,8 @@ const TABLE_CACHE: usize = 8;
 #[derive(Debug)]
 pub(crate) struct Tables {
     /// The device memory `ptrs` points into: chunk starts, chunk lengths, each sequence's first
-    /// chunk, each sequence's first token.
-    _memory: [CudaSlice<i64>; 4],
+    /// chunk, each sequence's first token, the sequences longest first.
+    _memory: [CudaSlice<i64>; 5],
     /// Their addresses.
     ptrs: TablePtrs,
 }
@@ -566,6 +566,9 @@ impl CudaDevice {
         let chunk_len = self.upload_i64(&lens, "chunk table")?;
         let seq_first_chunk = self.upload_i64(&first, "sequence table")?;
         let seq_start = self.upload_i64(&seq_start, "sequence table")?;
+        let mut order: Vec<i64> = (0..p.num_seqs() as i64).collect();
+        order.sort_by_key(|&n| std::cmp::Reverse(p.seq_chunks(n as usize).len()));
+        let seq_order = self.upload_i64(&order, "sequence table")?;
         let ptr = |s: &CudaSlice<i64>| s.device_ptr(&self.stream).0;
         let ptrs = TablePtrs {
             chunks: ChunkTable {
@@ -575,9 +578,16 @@ impl CudaDevice {
             },
             seq_first_chunk: ptr(&seq_first_chunk),
             seq_start: ptr(&seq_start),
+            seq_order: ptr(&seq_order),
         };
         Ok(Tables {
-            _memory: [chunk_start, chunk_len, seq_first_chunk, seq_start],
+            _memory: [
+                chunk_start,
+                chunk_len,
+                seq_first_chunk,
+                seq_start,
+                seq_order,
+            ],
             ptrs,
         })
     }

@@ -446,7 +446,8 @@ pub struct Tuning {
     /// sequences would not fill the GPU, with segments of at least 16 chunks.
     pub segments: Option<usize>,
     /// The plain `chunk_recurrent_regs` with one buffer of the `a_inv` and `p` planes and two
-    /// of the other rows; off by default (host-emulated, not yet measured on a GPU).
+    /// of the other rows. By default where two whole stage buffers do not fit (the exact
+    /// 128-column kernel); `Some(false)` gives one buffer of everything there instead.
     pub late_planes: Option<bool>,
 }
 
@@ -616,11 +617,13 @@ fn regs_config_for(
         late_planes: false,
     };
     let max = dev.max_shared_per_block();
-    // Where asked for, two of every row but the planes in the plain kernel (opt-in until
-    // measured on a GPU: NOTES-GPU.md, twelfth stop), else one stage buffer where two whole
-    // ones do not fit.
-    if !split && cfg.nbuf == 2 && tuning.late_planes == Some(true) {
-        cfg.late_planes = true;
+    // Where two whole stage buffers do not fit beside the plain kernel's state (the exact
+    // 128-column one), two of every row but the planes, one buffer of those (NOTES-GPU.md, call
+    // BC: faster than one buffer of everything); `Tuning::late_planes` forces either. Else one
+    // stage buffer where two whole ones do not fit.
+    if !split && cfg.nbuf == 2 {
+        let whole_fit = cfg.shared_bytes(Kernel::ChunkRecurrentRegs) <= max;
+        cfg.late_planes = tuning.late_planes.unwrap_or(!whole_fit);
     }
     if cfg.shared_bytes(Kernel::ChunkRecurrentRegs) > max {
         cfg.nbuf = 1;
@@ -794,6 +797,7 @@ struct RecParams {
     min_seg: i64,
     warm_max: i64,
     warm_log: f32,
+    seq_order: u64,
 }
 
 // SAFETY: plain #[repr(C)] data mirrored field by field in the .cu files, passed by value.
@@ -980,6 +984,7 @@ pub(crate) fn forward_with_tables(
         min_seg: 1,
         warm_max: WARM_MAX_CHUNKS,
         warm_log: WARM_LOG,
+        seq_order: t.seq_order,
     };
     if only == "intra" {
         return Ok(());

@@ -112,6 +112,9 @@ pub(crate) struct TablePtrs {
     pub seq_first_chunk: CUdeviceptr,
     /// First flat token of each sequence, plus the total (`N + 1` entries).
     pub seq_start: CUdeviceptr,
+    /// The sequences by decreasing chunk count, ties in order (`N` entries): the order in
+    /// which the fused recurrent kernels take them (longest first, so short ones end a launch).
+    pub seq_order: CUdeviceptr,
 }
 
 /// A 1-D launch of `blocks` blocks (clamped to `1..=MAX_BLOCKS`) of `threads` threads.

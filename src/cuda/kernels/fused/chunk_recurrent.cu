@@ -49,6 +49,7 @@ struct RecParams {
     u64 chunk_decay, nan_cols;
     i64 segments, min_seg, warm_max;
     float warm_log;
+    u64 seq_order;                 // i64 [N]: the sequences, longest first (see the regs kernel)
 };
 
 #define SVR STRIDE_B(VT)  // raw v rows, in_t
@@ -105,7 +106,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) chunk_recurrent(const RecP
 
     BLOCK_LOOP(item, P.seqs * hv * tiles) {
         const i64 tile = item % tiles, rest = item / tiles;
-        const i64 j = rest % hv, n = rest / hv;
+        const i64 j = rest % hv, n = ((const i64*)P.seq_order)[rest / hv];
         const i64 kh = qk_head(j, P.h, hv, P.tiled);
         const i64 c0 = tile * VT;
         // Queues chunk ci's rows into stage buffer b (rows past the chunk's end are zero).

@@ -81,7 +81,7 @@
 // Why: the exact 128-column kernel's two full stage buffers (2 x 104 KB) and its state (64 KB)
 // exceed the shared memory, and with one buffer every chunk waited for its own rows at the top
 // (Nsight Compute, NOTES-GPU.md call BA: 13 % of the stall samples there, 4 % at barriers).
-// Opt-in (DELTANET_FUSED_LATE=1) until measured on a GPU.
+// The default where two whole buffers do not fit (DELTANET_FUSED_LATE=0|1 forces it off or on).
 #ifndef LATE_PLANES
 #define LATE_PLANES 0
 #endif
@@ -131,6 +131,10 @@ struct RecParams {
     i64 segments, min_seg, warm_max;  // most segments a sequence; chunks a segment at least;
                                       // warm-up chunks at most
     float warm_log;               // the summed log-decay that ends a warm-up (negative)
+    u64 seq_order;                // i64 [N]: the sequences by decreasing chunk count (ties in
+                                  // order). Blocks start about in index order, so the longest
+                                  // sequences' items go first and the short ones fill the tail
+                                  // (varlen: the last blocks to finish are short ones).
 };
 
 // Segments of a sequence of cnt chunks, and where segment s of S starts.
@@ -331,7 +335,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
     }
     BLOCK_LOOP(item, P.seqs * segs * hv * tiles) {
         const i64 tile = item % tiles, rest = item / tiles;
-        const i64 j = rest % hv, sn = rest / hv, s = sn % segs, n = sn / segs;
+        const i64 j = rest % hv, sn = rest / hv, s = sn % segs, n = ((const i64*)P.seq_order)[sn / segs];
         const i64 c_first = seq_first_chunk[n], c_end = seq_first_chunk[n + 1];
         // This item's chunks [c_from, ce), its outputs from cs on.
         i64 c_from = c_first, cs = c_first, ce = c_end;
