@@ -296,10 +296,9 @@ fn product(
             // thread keeps, so no allocation recurs per chunk.
             PACKED.with(|buf| {
                 let mut bt = buf.borrow_mut();
-                bt.clear();
-                bt.resize(k * n, 0.0);
-                transpose(b, n, k, &mut bt);
-                run(&bt);
+                let bt = line_aligned(&mut bt, k * n);
+                transpose(b, n, k, bt);
+                run(bt);
             });
         } else {
             run(b);
@@ -338,14 +337,90 @@ thread_local! {
 }
 
 /// Runs `f` on `x` copied into a buffer each thread keeps: the row-scaled copies the block
-/// functions make of a chunk's rows, without an allocation per chunk.
+/// functions make of a chunk's rows, without an allocation per chunk. The copy starts on a
+/// cache line, as [`Aligned`] does, for the products that read it.
 pub(crate) fn with_scratch<R>(x: &[f32], f: impl FnOnce(&mut [f32]) -> R) -> R {
     SCRATCH.with(|buf| {
         let mut buf = buf.borrow_mut();
-        buf.clear();
-        buf.extend_from_slice(x);
-        f(&mut buf)
+        let copy = line_aligned(&mut buf, x.len());
+        copy.copy_from_slice(x);
+        f(copy)
     })
+}
+
+/// Runs `f` on a copy of the rows of `x` (`width` wide), row `i` multiplied by `scale(i)`, in
+/// the buffer [`with_scratch`] uses: one pass over `x` where a copy and then a scaling take two.
+pub(crate) fn with_scaled_rows<R>(
+    x: &[f32],
+    width: usize,
+    scale: impl Fn(usize) -> f32,
+    f: impl FnOnce(&mut [f32]) -> R,
+) -> R {
+    SCRATCH.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        let copy = line_aligned(&mut buf, x.len());
+        for (i, (out, row)) in copy
+            .chunks_exact_mut(width)
+            .zip(x.chunks_exact(width))
+            .enumerate()
+        {
+            let s = scale(i);
+            out.iter_mut().zip(row).for_each(|(o, &x)| *o = x * s);
+        }
+        f(copy)
+    })
+}
+
+/// Floats in a cache line.
+const LINE: usize = 16;
+
+/// `len` elements of `buf` starting on a 64-byte boundary (`buf` grown to hold them).
+fn line_aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len + LINE - 1 {
+        buf.resize(len + LINE - 1, 0.0);
+    }
+    let first = buf.as_ptr().align_offset(64).min(LINE - 1);
+    &mut buf[first..first + len]
+}
+
+/// A zeroed f32 buffer whose first element starts a cache line. The products read their `b`
+/// operand in rows of 16 floats and write `c` so: from a `Vec`'s 16-byte boundary every other
+/// 32-byte load or store straddles two lines, which cost the AVX2 kernel 5-8 % on a chunk's
+/// `64 x 128 x 128` product (NOTES-CPU.md, twelfth stop).
+pub(crate) struct Aligned {
+    buf: Vec<f32>,
+    first: usize,
+    len: usize,
+}
+
+impl Aligned {
+    /// `len` zeros.
+    pub(crate) fn zeroed(len: usize) -> Aligned {
+        let mut buf = Vec::new();
+        let first = line_aligned(&mut buf, len).as_ptr() as usize;
+        let first = (first - buf.as_ptr() as usize) / std::mem::size_of::<f32>();
+        Aligned { buf, first, len }
+    }
+
+    /// A copy of `x`.
+    pub(crate) fn from_slice(x: &[f32]) -> Aligned {
+        let mut a = Aligned::zeroed(x.len());
+        a.copy_from_slice(x);
+        a
+    }
+}
+
+impl std::ops::Deref for Aligned {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.buf[self.first..self.first + self.len]
+    }
+}
+
+impl std::ops::DerefMut for Aligned {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.buf[self.first..self.first + self.len]
+    }
 }
 
 thread_local! {

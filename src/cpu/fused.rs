@@ -14,8 +14,8 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::blocks::{
-    causal_dots, gather_rows_with, gemm, gemm_causal, prefetch, transpose, zeroed_output, Decays,
-    RowWriter,
+    causal_dots, gather_rows_with, gemm, gemm_causal, prefetch, transpose, zeroed_output, Aligned,
+    Decays, RowWriter,
 };
 use super::stages::chunk_output::output_block;
 use super::stages::chunk_state::advance_block;
@@ -335,13 +335,15 @@ fn fused_into<R: ChunkRows>(
                 first: c0,
                 len: tw,
             };
-            let mut states: Vec<Vec<f32>> = js
+            let mut states: Vec<Aligned> = js
                 .iter()
                 .map(|&j| match x.h0 {
-                    Some(h0) => state_rows((n * hv + j) * kv, c0)
-                        .flat_map(|r| h0[r].iter().copied())
-                        .collect(),
-                    None => vec![0f32; dk * tw],
+                    Some(h0) => Aligned::from_slice(
+                        &state_rows((n * hv + j) * kv, c0)
+                            .flat_map(|r| h0[r].iter().copied())
+                            .collect::<Vec<f32>>(),
+                    ),
+                    None => Aligned::zeroed(dk * tw),
                 })
                 .collect();
             let chunks = &p.chunks()[p.seq_chunks(n)];
@@ -355,13 +357,14 @@ fn fused_into<R: ChunkRows>(
                     })
                 })
                 .collect();
-            // Chunk-sized work buffers, allocated once per task.
+            // Chunk-sized work buffers, allocated once per task; those the products read as
+            // `b` or write start on a cache line.
             let [mut q, mut k, mut v, mut g, mut beta] =
                 std::array::from_fn(|_| Vec::with_capacity(bt * dk.max(tw)));
-            let mut kt = vec![0f32; bt * dk];
-            let [mut r, mut v_new, mut o_c] = std::array::from_fn(|_| vec![0f32; bt * tw]);
+            let mut kt = Aligned::zeroed(bt * dk);
+            let [mut r, mut v_new, mut o_c] = std::array::from_fn(|_| Aligned::zeroed(bt * tw));
             let [mut kk, mut qk, mut a, mut a_inv, mut pairs, mut scratch] =
-                std::array::from_fn(|_| vec![0f32; bt * bt]);
+                std::array::from_fn(|_| Aligned::zeroed(bt * bt));
             // The next chunk's rows are prefetched in `steps` parts spread over this chunk's
             // work, so that the loads overlap the products instead of stalling in one burst.
             let steps = 4 * js.len();
@@ -451,7 +454,7 @@ fn fused_into<R: ChunkRows>(
             js.iter()
                 .zip(states)
                 .zip(hs)
-                .map(|((&j, s), h)| (n * hv + j, c0, s, h))
+                .map(|((&j, s), h)| (n * hv + j, c0, s.to_vec(), h))
                 .collect()
         })
         .collect();

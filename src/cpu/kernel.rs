@@ -214,7 +214,8 @@ pub(crate) unsafe fn pairs_avx512(gamma: &[f32], lo: &[f32], seg: &[f32], out: &
         );
         let row = out.as_mut_ptr().add(i * n);
         let mut l = 0;
-        while l < n {
+        // Blocks of sixteen wholly above the diagonal hold zeros: no exponentials for them.
+        while l <= i {
             let inside = lanes(n - l);
             let causal = lanes((i + 1).saturating_sub(l));
             let g = _mm512_maskz_loadu_ps(causal, gamma.as_ptr().add(l));
@@ -224,6 +225,10 @@ pub(crate) unsafe fn pairs_avx512(gamma: &[f32], lo: &[f32], seg: &[f32], out: &
             let x = _mm512_add_ps(_mm512_sub_ps(gi, g), _mm512_sub_ps(li, lw));
             let e = _mm512_maskz_mov_ps(same, exp16(x));
             _mm512_mask_storeu_ps(row.add(l), inside, e);
+            l += 16;
+        }
+        while l < n {
+            _mm512_mask_storeu_ps(row.add(l), lanes(n - l), _mm512_setzero_ps());
             l += 16;
         }
     }

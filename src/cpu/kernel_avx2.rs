@@ -250,7 +250,8 @@ pub(crate) unsafe fn pairs_avx2(gamma: &[f32], lo: &[f32], seg: &[f32], out: &mu
         );
         let row = out.as_mut_ptr().add(i * n);
         let mut l = 0;
-        while l < n {
+        // Blocks of eight wholly above the diagonal hold zeros: no exponentials for them.
+        while l <= i {
             let inside = lanes(n - l);
             let causal = lanes((i + 1).saturating_sub(l));
             let g = _mm256_maskload_ps(gamma.as_ptr().add(l), causal);
@@ -263,6 +264,10 @@ pub(crate) unsafe fn pairs_avx2(gamma: &[f32], lo: &[f32], seg: &[f32], out: &mu
             let x = _mm256_add_ps(_mm256_sub_ps(gi, g), _mm256_sub_ps(li, lw));
             let e = _mm256_and_ps(same, exp8(x));
             _mm256_maskstore_ps(row.add(l), inside, e);
+            l += 8;
+        }
+        while l < n {
+            _mm256_maskstore_ps(row.add(l), lanes(n - l), _mm256_setzero_ps());
             l += 8;
         }
     }

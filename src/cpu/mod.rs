@@ -19,7 +19,7 @@ mod stages;
 
 pub(crate) use blocks::{
     axpy, causal_dots, chunk_blocks, dot, gather_rows, gather_scalars, gemm, gemm_causal,
-    scatter_rows, transpose, with_scratch, Decays,
+    scatter_rows, transpose, with_scaled_rows, with_scratch, Decays,
 };
 pub use fused::{forward_into, fused_forward, FusedOut};
 pub use stages::chunk_output::chunk_output;

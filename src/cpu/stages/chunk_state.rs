@@ -1,7 +1,7 @@
 use rayon::prelude::*;
 
 use crate::backend::{ChunkStates, Gamma, Wy};
-use crate::cpu::{gather_rows, gemm, with_scratch, Decays};
+use crate::cpu::{gather_rows, gemm, with_scaled_rows, Decays};
 use crate::error::{check_len, Result};
 use crate::problem::Problem;
 
@@ -46,24 +46,25 @@ pub(crate) fn advance_block(
         return;
     }
     let last = n - 1;
-    with_scratch(v_new, |scaled| {
-        for (i, row) in scaled.chunks_exact_mut(dv).enumerate() {
-            let decay = d.decay(last, i);
-            row.iter_mut().for_each(|x| *x *= decay);
-        }
-        gemm(
-            dk,
-            n,
-            dv,
-            1.0,
-            k,
-            true,
-            scaled,
-            false,
-            d.decay0(last),
-            state,
-        );
-    });
+    with_scaled_rows(
+        v_new,
+        dv,
+        |i| d.decay(last, i),
+        |scaled| {
+            gemm(
+                dk,
+                n,
+                dv,
+                1.0,
+                k,
+                true,
+                scaled,
+                false,
+                d.decay0(last),
+                state,
+            );
+        },
+    );
 }
 
 /// The sequential pass over each sequence's chunks, parallel over (sequence, value head).
