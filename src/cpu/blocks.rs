@@ -376,17 +376,22 @@ const LINE: usize = 16;
 
 /// `len` elements of `buf` starting on a 64-byte boundary (`buf` grown to hold them).
 fn line_aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    let first = grow_for_line(buf, len);
+    &mut buf[first..first + len]
+}
+
+/// Grows `buf` to hold `len` elements from a 64-byte boundary; returns where they start.
+fn grow_for_line(buf: &mut Vec<f32>, len: usize) -> usize {
     if buf.len() < len + LINE - 1 {
         buf.resize(len + LINE - 1, 0.0);
     }
-    let first = buf.as_ptr().align_offset(64).min(LINE - 1);
-    &mut buf[first..first + len]
+    buf.as_ptr().align_offset(64).min(LINE - 1)
 }
 
 /// A zeroed f32 buffer whose first element starts a cache line. The products read their `b`
 /// operand in rows of 16 floats and write `c` so: from a `Vec`'s 16-byte boundary every other
 /// 32-byte load or store straddles two lines, which cost the AVX2 kernel 5-8 % on a chunk's
-/// `64 x 128 x 128` product (NOTES-CPU.md, twelfth stop).
+/// `64 x 128 x 128` product (NOTES-CPU.md, fourteenth stop).
 pub(crate) struct Aligned {
     buf: Vec<f32>,
     first: usize,
@@ -397,16 +402,8 @@ impl Aligned {
     /// `len` zeros.
     pub(crate) fn zeroed(len: usize) -> Aligned {
         let mut buf = Vec::new();
-        let first = line_aligned(&mut buf, len).as_ptr() as usize;
-        let first = (first - buf.as_ptr() as usize) / std::mem::size_of::<f32>();
+        let first = grow_for_line(&mut buf, len);
         Aligned { buf, first, len }
-    }
-
-    /// A copy of `x`.
-    pub(crate) fn from_slice(x: &[f32]) -> Aligned {
-        let mut a = Aligned::zeroed(x.len());
-        a.copy_from_slice(x);
-        a
     }
 }
 

@@ -337,13 +337,15 @@ fn fused_into<R: ChunkRows>(
             };
             let mut states: Vec<Aligned> = js
                 .iter()
-                .map(|&j| match x.h0 {
-                    Some(h0) => Aligned::from_slice(
-                        &state_rows((n * hv + j) * kv, c0)
-                            .flat_map(|r| h0[r].iter().copied())
-                            .collect::<Vec<f32>>(),
-                    ),
-                    None => Aligned::zeroed(dk * tw),
+                .map(|&j| {
+                    let mut state = Aligned::zeroed(dk * tw);
+                    if let Some(h0) = x.h0 {
+                        let rows = state_rows((n * hv + j) * kv, c0);
+                        for (row, r) in state.chunks_exact_mut(tw).zip(rows) {
+                            row.copy_from_slice(&h0[r]);
+                        }
+                    }
+                    state
                 })
                 .collect();
             let chunks = &p.chunks()[p.seq_chunks(n)];

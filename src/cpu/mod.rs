@@ -47,15 +47,14 @@ use crate::problem::{Inputs, Problem};
 /// thread, on the calling thread instead. Handing a decode step of about 0.1 ms to the pool and
 /// sleeping until it is done (waking a worker, then the caller) costs about as much as the step
 /// on this 2-core machine: a one-thread N=1 step went from 0.21-0.25 ms to 0.13-0.14 ms
-/// (NOTES-CPU.md). With more threads the pool keeps the work (letting the caller take a share
-/// measured no better there). Each task's arithmetic does not depend on where it runs.
+/// (NOTES-CPU.md). With more threads, small work is shared between the caller and helpers (see
+/// below); large work goes to the pool. Each task's arithmetic does not depend on where it runs.
 pub(crate) fn for_each_task(n: usize, small: bool, f: impl Fn(usize) + Sync + Send) {
-    let inline =
-        small && rayon::current_num_threads() <= 1 && rayon::current_thread_index().is_none();
     let threads = rayon::current_num_threads();
-    if n < 2 || inline {
+    let outside = rayon::current_thread_index().is_none();
+    if n < 2 || (small && threads <= 1 && outside) {
         (0..n).for_each(f)
-    } else if small && threads >= 2 && rayon::current_thread_index().is_none() {
+    } else if small && outside {
         // The calling thread takes the first share and `threads - 1` helpers the others: the
         // caller never sleeps on the pool, and no idle worker spins beside the two busy ones
         // (N=1 step, 2 threads: 0.066 -> 0.057 ms, NOTES-CPU.md).
