@@ -297,14 +297,21 @@ fn compile_error(key: &Key, e: CompileError) -> Error {
 
 /// The NVRTC options every kernel is compiled with, for `arch`: plain f32 arithmetic with fused
 /// multiply-adds, no approximate division or root.
+///
+/// `DELTANET_NVRTC_LINEINFO=1` adds source line tables (for compute-sanitizer and Nsight reports
+/// that name the kernel source's lines; the code is unchanged).
 pub(crate) fn base_options(arch: &str) -> Vec<String> {
-    vec![
+    let mut o = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "--fmad=true".to_string(),
         "--prec-div=true".to_string(),
         "--prec-sqrt=true".to_string(),
-    ]
+    ];
+    if std::env::var("DELTANET_NVRTC_LINEINFO").is_ok_and(|v| v == "1") {
+        o.push("--generate-line-info".to_string());
+    }
+    o
 }
 
 /// The NVRTC options of one module: [`base_options`] and the source's constants.

@@ -240,6 +240,32 @@ __device__ __forceinline__ void h_times(float (&acc)[NTT][4], const float4* hs,
     }
 }
 
+// kacc = h^T K^T and qacc = h^T Q^T (16 x 64 each) from one split of h per k16 step: the plain
+// kernel forms both at once where the chunk has output (h is read and split once, not twice).
+__device__ __forceinline__ void h_times2(float (&kacc)[NTT][4], float (&qacc)[NTT][4], const float4* hs,
+                                         const SmemRows& K, const SmemRows& Q) {
+#pragma unroll
+    for (int a = 0; a < NTT; ++a)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) kacc[a][e] = qacc[a][e] = 0.0f;
+#pragma unroll
+    for (int kb = 0; kb < DK / 16; ++kb) {
+        const float4 x0 = hs[2 * kb * 32], x1 = hs[(2 * kb + 1) * 32];
+        const float f0[4] = {x0.x, x0.y, x0.z, x0.w}, f1[4] = {x1.x, x1.y, x1.z, x1.w};
+        const APieces ah = a_from_acc(f0, f1);
+#pragma unroll
+        for (int nb = 0; nb < NTT; nb += 2) {
+            unsigned bk[4], bq[4];
+            ldsm_b(bk, K, SK, 8 * nb, 16 * kb);
+            ldsm_b(bq, Q, SK, 8 * nb, 16 * kb);
+            mma3(kacc[nb], ah, bk[0], bk[1]);
+            mma3(kacc[nb + 1], ah, bk[2], bk[3]);
+            mma3(qacc[nb], ah, bq[0], bq[1]);
+            mma3(qacc[nb + 1], ah, bq[2], bq[3]);
+        }
+    }
+}
+
 // acc += a M^T (16 x 64) for M a lower-triangular chunk matrix staged as PIECES bf16 planes
 // (a_inv or p, [C][SPL]) and a an f32 accumulator tile set: block (rows 16m.., columns 16kb..)
 // of M is zero for kb > m and skipped.
@@ -442,8 +468,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             }
             // o^T = QH^T diag(scale rq d) + v_new^T p^T, p lower triangular as a_inv: the first
             // term needs only h, the second v_new.
-            auto output_qh = [&](float (&qh)[NTT][4]) {
-                h_times(qh, hs, Qr);
+            auto scale_qh = [&](float (&qh)[NTT][4]) {
 #pragma unroll
                 for (int nb = 0; nb < NTT; ++nb)
 #pragma unroll
@@ -466,8 +491,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                                 from_f(r < lv ? qh[nb][e] : __int_as_float(0x7fc00000));
                     }
             };
+            auto output_qh = [&](float (&qh)[NTT][4]) {
+                h_times(qh, hs, Qr);
+                scale_qh(qh);
+            };
             float vn[NTT][4];
             int lv = len;
+#if !SPLIT_OUT
+            float qh[NTT][4];  // QH^T, formed beside KH^T where the chunk has output
+#endif
             if (state_warp) {
                 // KH^T.
                 float kh_[NTT][4];
@@ -487,8 +519,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     kh_[a][2] += y.z;
                     kh_[a][3] += y.w;
                 }
-#else
+#elif SPLIT_OUT
                 h_times(kh_, hs, Kr);
+#else
+                if (emit) {
+                    h_times2(kh_, qh, hs, Kr, Qr);
+                } else {
+                    h_times(kh_, hs, Kr);
+                }
 #endif
                 // R^T in place of KH^T; lv.
                 int bad = len;
@@ -556,10 +594,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             }
 #else
             if (emit) {
-                // (QH^T is formed here rather than beside KH^T, splitting h again: fewer live
-                // registers.)
-                float qh[NTT][4];
-                output_qh(qh);
+                scale_qh(qh);
                 output_rest(qh, vn, lv);
             }
 #if LATE_PLANES
