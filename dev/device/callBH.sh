@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Fifteenth stop, third call: (1) what the exact split kernel's K split (the configuration
-# racecheck flags in calls BF and BG) is worth where it runs by default (one or two short
-# sequences), K split on (default) against off, interleaved; (2) varlen beside FLA in three
-# interleaved rounds (call BG: 3.715 against 3.690 ms, one round each).
+# Fifteenth stop, third call (this build: the K split off by default): (1) what the exact split
+# kernel's K split (the configuration racecheck flags in calls BF and BG) was worth where it ran
+# by default (one or two short sequences), on against off, interleaved; racecheck of the default
+# on call BG's problem; (2) varlen beside FLA in three interleaved rounds (call BG: 3.715
+# against 3.690 ms, one round each).
 # run(command="bash .dev/all/callBH.sh", carry=[".dev/all", ".gpu/fla", ".gpu/anchors.py"])
 cd "$(dirname "$0")"
 TOP=$PWD/../..
@@ -18,6 +19,9 @@ for round in 1 2; do
   done
 done
 } 2>&1 | tee $R/ksplit.txt
+pack
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+run race_default 60 $CS --tool racecheck --error-exitcode 9 ./deltanet bench --device cuda --work prefill --dtype bf16 --shape 2,300,2,4,128,128 --warmup 0 --repeats 1
 pack
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $TOP/.gpu/fla/*.whl > /dev/null 2>&1
 for round in 1 2 3; do
