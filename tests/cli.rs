@@ -46,12 +46,37 @@ fn vector_files() -> Vec<PathBuf> {
     v
 }
 
-/// A fresh empty folder for one test.
-fn scratch(name: &str) -> PathBuf {
+/// A fresh empty folder for one test, removed when the test passes (kept, for a look, when it
+/// fails).
+fn scratch(name: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("deltanet-cli-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("create scratch dir");
-    d
+    Scratch(d)
+}
+
+/// See [`scratch`].
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 fn deltanet<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
@@ -245,7 +270,7 @@ fn small_problem(
 }
 
 /// Runs `deltanet run` on `bytes` written to a file; returns the output and the output path.
-fn run_on(name: &str, bytes: &[u8], extra: &[&str]) -> (Output, PathBuf, PathBuf) {
+fn run_on(name: &str, bytes: &[u8], extra: &[&str]) -> (Output, PathBuf, Scratch) {
     let dir = scratch(name);
     let input = dir.join("in.safetensors");
     std::fs::write(&input, bytes).expect("write input");
@@ -288,7 +313,7 @@ fn assert_bad_data(name: &str, bytes: &[u8], extra: &[&str], needles: &[&str]) {
 
 #[test]
 fn the_small_problem_is_valid() {
-    let (o, out, _) = run_on("valid", &small_problem(&[], &[], &[]), &[]);
+    let (o, out, _dir) = run_on("valid", &small_problem(&[], &[], &[]), &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(out.exists());
 }
@@ -388,7 +413,7 @@ fn bad_cu_seqlens() {
     }
     // I32 offsets are accepted.
     let cu32: Vec<u8> = [0i32, 2, 5].iter().flat_map(|x| x.to_le_bytes()).collect();
-    let (o, out, _) = run_on(
+    let (o, out, _dir) = run_on(
         "cu_i32",
         &small_problem(&[("cu_seqlens", "I32", vec![3], cu32)], &[], &[]),
         &[],
@@ -925,7 +950,7 @@ fn non_finite_inputs_are_refused_naming_tensor_and_index() {
         &["tensor g", "inf at flat index 6"],
     );
     let g = with_bits(10, -0.1f32, &[(6, f32::NEG_INFINITY)], f32b);
-    let (o, out, _) = run_on(
+    let (o, out, _dir) = run_on(
         "reset_g",
         &small_problem(&[("g", "F32", vec![1, 5, 2], g)], &[], &[]),
         &[],
@@ -954,7 +979,7 @@ fn non_finite_inputs_are_refused_naming_tensor_and_index() {
             &["tensor q", "NaN at flat index 5", "[0, 1, 0, 1]"],
         );
         // The flag skips the check.
-        let (o, out, _) = run_on(&format!("{dt}_allowed"), &bytes, &["--allow-non-finite"]);
+        let (o, out, _dir) = run_on(&format!("{dt}_allowed"), &bytes, &["--allow-non-finite"]);
         assert!(o.status.success(), "{dt}: {}", stderr(&o));
         assert!(out.exists());
     }
@@ -1057,7 +1082,7 @@ fn a_closed_stdout_ends_quietly() {
 
 /// A run of about a second on a 2-core machine (T = 2000, HV = 2, K = V = 512 in 125 segments),
 /// stopped with SIGSTOP once its temporary output exists. Returns the child and the folder.
-fn stopped_mid_run(name: &str) -> (std::process::Child, PathBuf) {
+fn stopped_mid_run(name: &str) -> (std::process::Child, Scratch) {
     let (t, hv, k) = (2000, 2, 512);
     let bytes = st_bytes(
         &[

@@ -192,11 +192,29 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    fn scratch(name: &str) -> PathBuf {
+    /// A fresh folder, removed when the test passes (kept when it fails).
+    fn scratch(name: &str) -> Scratch {
         let d = std::env::temp_dir().join(format!("deltanet-atomic-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).expect("scratch folder");
-        d
+        Scratch(d)
+    }
+
+    struct Scratch(PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = PathBuf;
+        fn deref(&self) -> &PathBuf {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            if !std::thread::panicking() {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
     }
 
     fn names(dir: &Path) -> Vec<std::ffi::OsString> {
