@@ -116,6 +116,19 @@ fn tunings() -> Vec<fused::Tuning> {
             vt: Some(32),
             ..Tuning::default()
         },
+        // Few blocks, each running several items (chunks, sequences, segments) one after the
+        // other: the state a block carries from one item to the next.
+        Tuning {
+            max_blocks: Some(5),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            segments: Some(3),
+            vt: Some(16),
+            max_blocks: Some(3),
+            ..Tuning::default()
+        },
         // Segments (warm-ups before each, the value heads that cannot have them by the second
         // launch) forced on problems of a few chunks.
         Tuning {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fifteenth stop, last call (what is left of call BH within the device time left): racecheck of
-# the default (K split off) on call BG's problem, then varlen beside FLA, two interleaved rounds.
+# the default (K split off) on call BG's problem, then varlen beside FLA, two interleaved rounds;
+# last, fused_equals (one case) with the new few-blocks tunings.
 # run(command="bash .dev/all/callBI.sh", carry=[".dev/all", ".gpu/fla", ".gpu/anchors.py"])
 cd "$(dirname "$0")"
 TOP=$PWD/../..
@@ -16,4 +17,6 @@ for round in 1 2; do
   PYTHONPATH=/tmp/site timeout 90 python3 $TOP/.gpu/anchors.py --impl fla --shapes "" --varlen "64,65536,16,32,128,128" 2>&1 | tail -1 | sed "s/^/r$round /"
   pack
 done 2>&1 | tee $R/varlen.txt
+pack
+run fused_equals 100 env DELTANET_FUSED_CASES=1 ./fused_test fused_equals --nocapture
 pack

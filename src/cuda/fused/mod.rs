@@ -449,13 +449,17 @@ pub struct Tuning {
     /// of the other rows. By default where two whole stage buffers do not fit (the exact
     /// 128-column kernel); `Some(false)` gives one buffer of everything there instead.
     pub late_planes: Option<bool>,
+    /// At most this many blocks a launch (a test knob): each block then runs several items,
+    /// which one block an item never does.
+    pub max_blocks: Option<usize>,
 }
 
 impl Tuning {
     /// From the environment: `DELTANET_FUSED_VT`, `DELTANET_FUSED_NBUF`,
     /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`, `DELTANET_FUSED_REGS=0|1`,
     /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`,
-    /// `DELTANET_FUSED_HBUF=0|1`, `DELTANET_FUSED_SEGMENTS`, `DELTANET_FUSED_LATE=0|1`.
+    /// `DELTANET_FUSED_HBUF=0|1`, `DELTANET_FUSED_SEGMENTS`, `DELTANET_FUSED_LATE=0|1`,
+    /// `DELTANET_FUSED_BLOCKS`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -477,6 +481,7 @@ impl Tuning {
             hbuf: flag("DELTANET_FUSED_HBUF"),
             segments: num("DELTANET_FUSED_SEGMENTS"),
             late_planes: flag("DELTANET_FUSED_LATE"),
+            max_blocks: num("DELTANET_FUSED_BLOCKS"),
         }
     }
 }
@@ -842,9 +847,14 @@ fn function(dev: &CudaDevice, kernel: Kernel, cfg: &Config) -> Result<CudaFuncti
     Ok(f)
 }
 
-fn grid(items: usize, threads: u32, shared: usize) -> LaunchConfig {
+/// One block per item, at most `max_blocks` (a test knob: the kernels' loops over items then
+/// give blocks several).
+fn grid(items: usize, threads: u32, shared: usize, max_blocks: Option<usize>) -> LaunchConfig {
+    let max = max_blocks
+        .unwrap_or(super::stages::MAX_BLOCKS)
+        .clamp(1, super::stages::MAX_BLOCKS);
     LaunchConfig {
-        grid_dim: (items.clamp(1, super::stages::MAX_BLOCKS) as u32, 1, 1),
+        grid_dim: (items.clamp(1, max) as u32, 1, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: shared as u32,
     }
@@ -953,10 +963,12 @@ pub(crate) fn forward_with_tables(
         // SAFETY: one by-value argument mirrored in chunk_intra.cu; every pointer holds its
         // tensor (the caller's contract); the shared memory is what the kernel carves.
         unsafe {
-            stream
-                .launch_builder(&f)
-                .arg(&ip)
-                .launch(grid(chunks * hv, THREADS, shared))
+            stream.launch_builder(&f).arg(&ip).launch(grid(
+                chunks * hv,
+                THREADS,
+                shared,
+                tuning.max_blocks,
+            ))
         }
         .map_err(cuda_err("launching chunk_intra"))?;
     }
@@ -996,7 +1008,7 @@ pub(crate) fn forward_with_tables(
         let rec = cfg.recurrent();
         let f = function(dev, rec, cfg)?;
         let shared = if shared { cfg.shared_bytes(rec) } else { 0 };
-        let lc = grid(items, cfg.threads(rec), shared);
+        let lc = grid(items, cfg.threads(rec), shared, tuning.max_blocks);
         // SAFETY: as for chunk_intra (both recurrent kernels take the same parameters).
         unsafe {
             if side {
