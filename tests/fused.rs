@@ -129,6 +129,28 @@ fn tunings() -> Vec<fused::Tuning> {
             max_blocks: Some(3),
             ..Tuning::default()
         },
+        // Blocks staging the next item's first chunk during the current item's last: planes
+        // in one buffer (queued after the output), and one buffer of everything (split).
+        Tuning {
+            regs: Some(true),
+            vt: Some(128),
+            late_planes: Some(true),
+            max_blocks: Some(2),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            split: Some(true),
+            vt: Some(16),
+            nbuf: Some(1),
+            max_blocks: Some(2),
+            ..Tuning::default()
+        },
+        // One block an item over whole sequences (no counter, nothing staged ahead).
+        Tuning {
+            persistent: Some(false),
+            ..Tuning::default()
+        },
         // Segments (warm-ups before each, the value heads that cannot have them by the second
         // launch) forced on problems of a few chunks.
         Tuning {
