@@ -35,7 +35,6 @@ struct RecParams {
     i64 segments, min_seg, warm_max;
     float warm_log;
     u64 seq_order;
-    u64 seq_rows, counter;
 };
 struct Conf {
     int dk, dv, vt, split, ksplit, hbuf, late;
@@ -166,24 +165,14 @@ int main(int argc, char** argv) {
         std::stable_sort(order.begin(), order.end(), [&](i64 a, i64 b) {
             return sfirst[a + 1] - sfirst[a] > sfirst[b + 1] - sfirst[b];
         });
-        std::vector<i64> seq_rows;
-        for (i64 n : order) {
-            const i64 f = sfirst[n], e = sfirst[n + 1];
-            seq_rows.insert(seq_rows.end(), {n, f, e, f < e ? cstart[f] : 0, f < e ? clen[f] : 0, 0});
-        }
-        // Every fourth case (over whole sequences) takes items from a counter, as the library's
-        // persistent launch does; the blocks here run one after the other, so block 0 takes them
-        // all, staging each next item's first chunk during the last of the one before.
-        unsigned long long counter = 0;
         RecParams rp{(u64)q.data(), (u64)k.data(), (u64)v.data(), (u64)a_inv.data(), (u64)pp.data(),
                      (u64)scal.data(), with_h0 ? (u64)h0.data() : 0, (u64)o.data(), (u64)fin.data(), 0,
                      (u64)cstart.data(), (u64)clen.data(), (u64)sfirst.data(), seqs, h, hv, tiled,
-                     0, (u64)decay.data(), (u64)nan_cols.data(), 1, 1, 3, -25.0f, (u64)order.data(),
-                     (u64)seq_rows.data(), c % 4 == 0 ? (u64)&counter : 0};
+                     0, (u64)decay.data(), (u64)nan_cols.data(), 1, 1, 3, -25.0f, (u64)order.data()};
         const int segments = 2 + rng() % 2;
         const long long groups = cf.vt / 16;
         const long long stage = (2 * C * (dk + 8) + 2 * C * (3 * C + 8) + C * (cf.vt + 8)) * 2 + C * 16;
-        const long long rec_smem = 112 + 2 * stage + (1 + cf.hbuf) * groups * dk * 16 * 4 + (cf.split ? groups * (C * 16 * 4 + 4) : 0) +
+        const long long rec_smem = 2 * stage + (1 + cf.hbuf) * groups * dk * 16 * 4 + (cf.split ? groups * (C * 16 * 4 + 4) : 0) +
                                    (cf.ksplit ? groups * 2 * C * 16 * 4 : 0);
         if (segd) {
             rp.segments = segments;

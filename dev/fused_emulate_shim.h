@@ -58,9 +58,6 @@ static int atomicMin(int* p, int v) {
     return old;
 }
 static int atomicOr(int* p, int v) { return std::atomic_ref<int>(*p).fetch_or(v); }
-static unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
-    return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
-}
 static int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 static float __shfl_sync(unsigned, float v, int src) {
     Warp& w = *my_warp;

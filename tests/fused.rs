@@ -129,8 +129,8 @@ fn tunings() -> Vec<fused::Tuning> {
             max_blocks: Some(3),
             ..Tuning::default()
         },
-        // Blocks staging the next item's first chunk during the current item's last: planes
-        // in one buffer (queued after the output), and one buffer of everything (split).
+        // Blocks running several items: the plain kernel with its planes in one buffer, the
+        // split one with one buffer of everything.
         Tuning {
             regs: Some(true),
             vt: Some(128),
@@ -160,11 +160,6 @@ fn tunings() -> Vec<fused::Tuning> {
             vt: Some(16),
             row_skip: Some(true),
             segments: Some(2),
-            ..Tuning::default()
-        },
-        // One block an item over whole sequences (no counter, nothing staged ahead).
-        Tuning {
-            persistent: Some(false),
             ..Tuning::default()
         },
         // Segments (warm-ups before each, the value heads that cannot have them by the second

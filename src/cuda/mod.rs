@@ -52,8 +52,8 @@ const TABLE_CACHE: usize = 8;
 #[derive(Debug)]
 pub(crate) struct Tables {
     /// The device memory `ptrs` points into: chunk starts, chunk lengths, each sequence's first
-    /// chunk, each sequence's first token, the sequences longest first and their rows.
-    _memory: [CudaSlice<i64>; 6],
+    /// chunk, each sequence's first token, the sequences longest first.
+    _memory: [CudaSlice<i64>; 5],
     /// Their addresses.
     ptrs: TablePtrs,
 }
@@ -569,19 +569,6 @@ impl CudaDevice {
         let mut order: Vec<i64> = (0..p.num_seqs() as i64).collect();
         order.sort_by_key(|&n| std::cmp::Reverse(p.seq_chunks(n as usize).len()));
         let seq_order = self.upload_i64(&order, "sequence table")?;
-        // Per entry of `order`, the row the fused recurrent kernel copies in one piece.
-        let rows: Vec<i64> = order
-            .iter()
-            .flat_map(|&n| {
-                let r = p.seq_chunks(n as usize);
-                let (start, len) = chunks
-                    .get(r.start)
-                    .filter(|_| !r.is_empty())
-                    .map_or((0, 0), |c| (c.start as i64, c.len as i64));
-                [n, r.start as i64, r.end as i64, start, len, 0]
-            })
-            .collect();
-        let seq_rows = self.upload_i64(&rows, "sequence table")?;
         let ptr = |s: &CudaSlice<i64>| s.device_ptr(&self.stream).0;
         let ptrs = TablePtrs {
             chunks: ChunkTable {
@@ -592,7 +579,6 @@ impl CudaDevice {
             seq_first_chunk: ptr(&seq_first_chunk),
             seq_start: ptr(&seq_start),
             seq_order: ptr(&seq_order),
-            seq_rows: ptr(&seq_rows),
         };
         Ok(Tables {
             _memory: [
@@ -601,7 +587,6 @@ impl CudaDevice {
                 seq_first_chunk,
                 seq_start,
                 seq_order,
-                seq_rows,
             ],
             ptrs,
         })

@@ -242,8 +242,7 @@ impl Config {
                         0
                     };
                 let hbufs = if self.hbuf { 2 } else { 1 };
-                // HEAD_BYTES ahead of it all: the item tickets and sequence rows.
-                112 + stages + hbufs * groups * self.dk * 16 * 4 + split
+                stages + hbufs * groups * self.dk * 16 * 4 + split
             }
         }
     }
@@ -415,16 +414,10 @@ pub fn shaped_for(p: &Problem, opts: &Options) -> bool {
 /// Workspace of [`forward`], in bytes: per token and value head, `a_inv` and `p` rows (64 f32
 /// each, or 192 bf16 each for `chunk_recurrent_regs`) and four f32 row scalings; per chunk and
 /// value head, one f32 (its total log-decay, for segments); per sequence, segment, value head
-/// and state column, two i32 (non-finite marks of a segment's leaving state); at the end, 16
-/// bytes for the recurrent kernel's item counter.
+/// and state column, two i32 (non-finite marks of a segment's leaving state).
 pub fn workspace_bytes(p: &Problem) -> usize {
-    counter_offset(p) + 16
-}
-
-/// Where the item counter lies in the workspace (16-byte aligned).
-fn counter_offset(p: &Problem) -> usize {
     let marks = p.num_seqs().min(MAX_SEGMENTED_SEQS) * MAX_SEGMENTS * 2 * p.dv();
-    ((p.tokens() * WS_PER_ROW + p.chunks().len() + marks) * p.v_heads() * 4).next_multiple_of(16)
+    (p.tokens() * WS_PER_ROW + p.chunks().len() + marks) * p.v_heads() * 4
 }
 
 /// Choices of the fused kernels that change their speed, not their results (beyond rounding).
@@ -469,10 +462,6 @@ pub struct Tuning {
     /// At most this many blocks a launch (a test knob): each block then runs several items,
     /// which one block an item never does.
     pub max_blocks: Option<usize>,
-    /// `chunk_recurrent_regs` over whole sequences with as many blocks as fit on the GPU at
-    /// once, taking items from a counter and staging each next item's first chunk during the
-    /// current item's last; by default on. `Some(false)`: one block an item.
-    pub persistent: Option<bool>,
     /// `chunk_recurrent_regs` with short chunks skipping their empty row blocks.
     pub row_skip: Option<bool>,
 }
@@ -482,7 +471,7 @@ impl Tuning {
     /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`, `DELTANET_FUSED_REGS=0|1`,
     /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`,
     /// `DELTANET_FUSED_HBUF=0|1`, `DELTANET_FUSED_SEGMENTS`, `DELTANET_FUSED_LATE=0|1`,
-    /// `DELTANET_FUSED_BLOCKS`, `DELTANET_FUSED_PERSIST=0|1`, `DELTANET_FUSED_ROWSKIP=0|1`.
+    /// `DELTANET_FUSED_BLOCKS`, `DELTANET_FUSED_ROWSKIP=0|1`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -505,7 +494,6 @@ impl Tuning {
             segments: num("DELTANET_FUSED_SEGMENTS"),
             late_planes: flag("DELTANET_FUSED_LATE"),
             max_blocks: num("DELTANET_FUSED_BLOCKS"),
-            persistent: flag("DELTANET_FUSED_PERSIST"),
             row_skip: flag("DELTANET_FUSED_ROWSKIP"),
         }
     }
@@ -647,7 +635,7 @@ fn regs_config_for(
         ksplit,
         hbuf: false,
         late_planes: false,
-        row_skip: tuning.row_skip.unwrap_or(false),
+        row_skip: tuning.row_skip.unwrap_or_else(|| short_chunks_share(p) >= ROW_SKIP_SHARE),
     };
     let max = dev.max_shared_per_block();
     // Where two whole stage buffers do not fit beside the plain kernel's state (the exact
@@ -673,6 +661,18 @@ fn regs_config_for(
         }
     }
     (cfg.shared_bytes(Kernel::ChunkRecurrentRegs) <= max).then_some(cfg)
+}
+
+/// Share of short chunks (a sequence's last, under 64 rows) from which the recurrent kernel
+/// skips their empty row blocks by default: its build with the skip carries a second copy of
+/// every product, which problems of whole chunks need not pay for.
+const ROW_SKIP_SHARE: f64 = 0.02;
+
+/// Share of the problem's chunks shorter than [`CHUNK`] rows.
+fn short_chunks_share(p: &Problem) -> f64 {
+    let chunks = p.chunks();
+    let short = chunks.iter().filter(|c| c.len < CHUNK).count();
+    short as f64 / chunks.len().max(1) as f64
 }
 
 /// Chunks a segment holds at least by default: its warm-up (a chunk or two where the gates decay
@@ -831,8 +831,6 @@ struct RecParams {
     warm_max: i64,
     warm_log: f32,
     seq_order: u64,
-    seq_rows: u64,
-    counter: u64,
 }
 
 // SAFETY: plain #[repr(C)] data mirrored field by field in the .cu files, passed by value.
@@ -1027,8 +1025,6 @@ pub(crate) fn forward_with_tables(
         warm_max: WARM_MAX_CHUNKS,
         warm_log: WARM_LOG,
         seq_order: t.seq_order,
-        seq_rows: t.seq_rows,
-        counter: 0,
     };
     if only == "intra" {
         return Ok(());
@@ -1056,29 +1052,6 @@ pub(crate) fn forward_with_tables(
     };
     let (seqs, tiles) = (p.num_seqs(), |c: &Config| p.dv() / c.vt);
     match seg {
-        None if cfg.regs && tuning.persistent != Some(false) => {
-            // As many blocks as fit at once (fewer if there are fewer items), taking items
-            // from the counter, zeroed first.
-            let items = seqs * hv * tiles(&cfg);
-            let rec = cfg.recurrent();
-            let f = function(dev, rec, &cfg)?;
-            let (threads, shared) = (cfg.threads(rec), cfg.shared_bytes(rec));
-            let per_sm = f
-                .occupancy_max_active_blocks_per_multiprocessor(threads, shared, None)
-                .map_err(cuda_err(format!("occupancy of {}", rec.name())))?;
-            let resident = sm_count(dev) * (per_sm.max(1) as usize);
-            let counter = io.workspace + counter_offset(p) as u64;
-            // SAFETY: the workspace holds workspace_bytes(p) bytes (the caller's contract),
-            // the counter's 8 among them.
-            unsafe { dev.memset_zero(counter, 8, "the item counter")? };
-            let rp = RecParams { counter, ..rp };
-            let max = tuning.max_blocks.unwrap_or(resident).min(resident);
-            let lc = grid(items, threads, shared, Some(max));
-            // SAFETY: as for chunk_intra.
-            unsafe { stream.launch_builder(&f).arg(&rp).launch(lc) }
-                .map(|_| ())
-                .map_err(cuda_err(format!("launching {}", rec.name())))
-        }
         None => launch(&cfg, &rp, seqs * hv * tiles(&cfg), true, false),
         Some((seg_cfg, segments, min_seg)) => {
             let rp = RecParams {

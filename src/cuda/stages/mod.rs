@@ -115,9 +115,6 @@ pub(crate) struct TablePtrs {
     /// The sequences by decreasing chunk count, ties in order (`N` entries): the order in
     /// which the fused recurrent kernels take them (longest first, so short ones end a launch).
     pub seq_order: CUdeviceptr,
-    /// Per entry of `seq_order`, six i64: the sequence, its first and end chunk, its first
-    /// chunk's start and length (0 and 0 if it has none), 0.
-    pub seq_rows: CUdeviceptr,
 }
 
 /// A 1-D launch of `blocks` blocks (clamped to `1..=MAX_BLOCKS`) of `threads` threads.

@@ -50,7 +50,6 @@ struct RecParams {
     i64 segments, min_seg, warm_max;
     float warm_log;
     u64 seq_order;                 // i64 [N]: the sequences, longest first (see the regs kernel)
-    u64 seq_rows, counter;         // read by the regs kernel only
 };
 
 #define SVR STRIDE_B(VT)  // raw v rows, in_t

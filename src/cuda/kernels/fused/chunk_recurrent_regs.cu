@@ -144,16 +144,7 @@ struct RecParams {
                                   // order). Blocks start about in index order, so the longest
                                   // sequences' items go first and the short ones fill the tail
                                   // (varlen: the last blocks to finish are short ones).
-    u64 seq_rows;                 // i64 [N][SEQ_ROW]: per entry of seq_order, the sequence's
-                                  // {n, first chunk, end chunk, first chunk's start, its
-                                  // length, 0}: one 48-byte row, copied to shared memory
-    u64 counter;                  // u64, zero before the launch, or 0: with part 0, blocks
-                                  // take items from it (see the item loop)
 };
-#define SEQ_ROW 6
-// Shared memory ahead of the stage buffers: the next item's ticket by parity (2 i64) and the
-// item's sequence row by parity (2 x SEQ_ROW i64).
-#define HEAD_BYTES 112
 
 // Segments of a sequence of cnt chunks, and where segment s of S starts.
 __device__ __forceinline__ i64 seg_count(const RecParams& P, i64 cnt) {
@@ -342,8 +333,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
     // Fragment element e of tile nb: row (state column) g + 8 (e >> 1), column 8 nb + 2t + (e & 1).
     const int cw = 16 * grp;
     // This group's state slice (see hs below) in buffer 0 of HBUF, after the stage buffers.
-    unsigned char* const stage_mem = smem_raw + HEAD_BYTES;
-    float4* hs_all = (float4*)(stage_mem + stages_bytes());
+    float4* hs_all = (float4*)(smem_raw + stages_bytes());
     float4* const hs0 = hs_all + grp * (NDT * 32) + lane;
     constexpr int HSTRIDE = GROUPS * NDT * 32;  // float4 a state buffer
 #if SPLIT_OUT
@@ -385,45 +375,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         }
         return;
     }
-    // Items in index order (the sequences longest first). With P.counter (part 0) a block takes
-    // its items one ticket at a time from a counter, so that one finishing early takes the next
-    // (as the hardware's block order does with one block an item), else by stride. With part 0
-    // the block knows its next item during the current one: during the last chunk it stages the
-    // next item's first chunk into the free stage buffer (and, at the start, copies the next
-    // item's sequence row), so that an item's start does not wait for its rows. Why: varlen's
-    // ~2000 items of ~16 chunks each paid that wait (and a block's launch) once an item.
-    i64* const tickets = (i64*)smem_raw;
-    i64* const seq_row = tickets + 2;
-    const i64* const seq_rows = (const i64*)P.seq_rows;
-    const i64 items = P.seqs * segs * hv * tiles;
-    const bool dyn = P.counter != 0 && P.part == 0, ahead = P.part == 0;
-    unsigned long long* const counter = (unsigned long long*)P.counter;
-    if (dyn && threadIdx.x == 0) tickets[0] = (i64)atomicAdd(counter, 1ull);
-    __syncthreads();
-    // par: this item's parity (its ticket and row slots); bb: the stage buffer of the next chunk;
-    // staged: this item's first chunk is in bb already; row_ahead: this item's row was copied
-    // by the item before (row_waited: and has landed).
-    int par = 0, bb = 0;
-    bool staged = false, row_ahead = false, row_waited = false;
-    for (i64 item = dyn ? tickets[0] : (i64)blockIdx.x; item < items;
-         item = dyn ? tickets[par ^ 1] : item + (i64)gridDim.x, par ^= 1) {
+    BLOCK_LOOP(item, P.seqs * segs * hv * tiles) {
         const i64 tile = item % tiles, rest = item / tiles;
-        const i64 j = rest % hv, sn = rest / hv, s = sn % segs;
-        i64* const row = seq_row + par * SEQ_ROW;
-        if (!row_ahead && threadIdx.x < SEQ_ROW / 2)
-            cp_async16(row + 2 * threadIdx.x, seq_rows + (sn / segs) * SEQ_ROW + 2 * threadIdx.x, true);
-        cp_async_commit();
-        if (!row_waited) cp_async_wait<0>();
-        if (dyn && threadIdx.x == 0) tickets[par ^ 1] = (i64)atomicAdd(counter, 1ull);
-        __syncthreads();  // the row and the next ticket are visible
-        const i64 n = row[0], c_first = row[1], c_end = row[2];
-        // The next item and its row, copied now (it lands by this item's first chunk).
-        const i64 next = dyn ? tickets[par ^ 1] : item + (i64)gridDim.x;
-        const bool next_row = ahead && next < items;
-        if (next_row && threadIdx.x < SEQ_ROW / 2)
-            cp_async16(seq_row + (par ^ 1) * SEQ_ROW + 2 * threadIdx.x,
-                       seq_rows + (next / (tiles * hv)) * SEQ_ROW + 2 * threadIdx.x, true);
-        cp_async_commit();
+        const i64 j = rest % hv, sn = rest / hv, s = sn % segs, n = ((const i64*)P.seq_order)[sn / segs];
+        const i64 c_first = seq_first_chunk[n], c_end = seq_first_chunk[n + 1];
         // This item's chunks [c_from, ce), its outputs from cs on.
         i64 c_from = c_first, cs = c_first, ce = c_end;
         bool last_seg = true;
@@ -444,10 +399,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         // Queues the rows of the chunk at `start` (len rows) into stage buffer b (rows past the
         // chunk's end are zero): its planes (what & 2) and its other rows (what & 1).
         // With SPLIT_OUT the output warps stage the rows: the copies stay off the state chain.
-        auto issue_for = [&](i64 start, int len, int b, int what, i64 kh, i64 j, i64 c0) {
+        auto issue = [&](i64 start, int len, int b, int what) {
             if (SPLIT_OUT && state_warp) return;
             const int tid = threadIdx.x - (SPLIT_OUT ? KSPLIT * GROUPS * 32 : 0);
-            const Stage st = stage_at(stage_mem, b);
+            const Stage st = stage_at(smem_raw, b);
             if (what & 1) {
                 stage_rows_by<u16, DK, STAGERS>(st.K, SK, k + (start * P.h + kh) * DK, P.h * DK, len, tid);
                 stage_rows_by<u16, DK, STAGERS>(st.Q, SK, q + (start * P.h + kh) * DK, P.h * DK, len, tid);
@@ -468,16 +423,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 stage_rows_by<float, 4, STAGERS>((float*)st.sc, 4, (const float*)(scal + start * hv + j), hv * 4, len, tid);
             }
             cp_async_commit();
-        };
-        auto issue = [&](i64 start, int len, int b, int what) { issue_for(start, len, b, what, kh, j, c0); };
-        // The next item's first chunk into stage buffer b (what as for issue), if it has one.
-        auto issue_next = [&](int b, int what) {
-            const i64 nx = dyn ? tickets[par ^ 1] : item + (i64)gridDim.x;
-            const i64* r = seq_row + (par ^ 1) * SEQ_ROW;
-            if (!ahead || nx >= items || r[1] >= r[2]) return false;
-            const i64 jn = (nx / tiles) % hv;
-            issue_for(r[3], (int)r[4], b, what, qk_head(jn, P.h, hv, P.tiled), jn, (nx % tiles) * VT);
-            return true;
         };
         // hs[32 nd] = {h[8 nd + 2t + (e & 1)][c0 + cw + g + 8 (e >> 1)] : e < 4}: this lane's
         // accumulator fragment of tile nd of h^T (element e at offset state_at(nd, e) from the
@@ -501,33 +446,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         };
         i64 start, nx_start;
         int len, nx_len;
-        if (ahead) {
-            start = row[3];
-            len = (int)row[4];
-        } else {
-            chunk_at(c_from, start, len);
-        }
+        chunk_at(c_from, start, len);
         chunk_at(c_from + 1, nx_start, nx_len);
-        if (c_from < ce && !staged) issue(start, len, bb, 3);
-        bool staged_next = false;
+        if (c_from < ce) issue(start, len, 0, 3);
         for (i64 ci = c_from; ci < ce; ++ci) {
             i64 nn_start;
             int nn_len;
             chunk_at(ci + 2, nn_start, nn_len);
             const bool emit = ci >= cs;  // else a warm-up chunk: the state only
-            const int b = NBUF == 2 ? bb : 0;
+            const int b = NBUF == 2 ? (int)((ci - c_from) & 1) : 0;
             cp_async_wait<0>();
             // This chunk's rows are visible to every warp, and every warp is past chunk ci - 1,
             // the last reader of the other buffer.
             __syncthreads();
 #if NBUF == 2
-            if (ci + 1 < ce)
-                issue(nx_start, nx_len, b ^ 1, LATE_PLANES ? 1 : 3);
-            else
-                staged_next = issue_next(b ^ 1, LATE_PLANES ? 1 : 3);
-            bb ^= 1;
+            if (ci + 1 < ce) issue(nx_start, nx_len, b ^ 1, LATE_PLANES ? 1 : 3);
 #endif
-            const Stage st = stage_at(stage_mem, b);
+            const Stage st = stage_at(smem_raw, b);
             // h entering the chunk, and where the update writes h leaving it.
             const int hb = HBUF == 2 ? (int)((ci - c_from) & 1) : 0;
             const float4* hs = hs0 + hb * HSTRIDE;
@@ -701,10 +636,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #if LATE_PLANES
             // Every warp is past its last read of this chunk's planes.
             __syncthreads();
-            if (ci + 1 < ce)
-                issue(nx_start, nx_len, 0, 2);
-            else if (staged_next)
-                issue_next(0, 2);
+            if (ci + 1 < ce) issue(nx_start, nx_len, 0, 2);
 #endif
 #endif
             PHASE();
@@ -761,10 +693,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             }
 #if NBUF == 1
             __syncthreads();  // every warp is done with the buffer before it is refilled
-            if (ci + 1 < ce)
-                issue(nx_start, nx_len, 0, 3);
-            else
-                staged_next = issue_next(0, 3);
+            if (ci + 1 < ce) issue(nx_start, nx_len, 0, 3);
 #endif
             start = nx_start;
             len = nx_len;
@@ -800,10 +729,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #pragma unroll
                 for (int e = 0; e < 4; ++e) fin[sbase + state_at(nd, e)] = (&hs[32 * nd].x)[e];
         }
-        // The next item's row has landed if a chunk's wait came after its copy.
-        staged = staged_next;
-        row_ahead = next_row;
-        row_waited = next_row && c_from < ce;
     }
-    cp_async_wait<0>();
 }
