@@ -146,22 +146,6 @@ fn tunings() -> Vec<fused::Tuning> {
             max_blocks: Some(2),
             ..Tuning::default()
         },
-        // Short chunks skipping their empty row blocks: the plain and the split kernel.
-        Tuning {
-            regs: Some(true),
-            vt: Some(128),
-            row_skip: Some(true),
-            max_blocks: Some(2),
-            ..Tuning::default()
-        },
-        Tuning {
-            regs: Some(true),
-            split: Some(true),
-            vt: Some(16),
-            row_skip: Some(true),
-            segments: Some(2),
-            ..Tuning::default()
-        },
         // Segments (warm-ups before each, the value heads that cannot have them by the second
         // launch) forced on problems of a few chunks.
         Tuning {
