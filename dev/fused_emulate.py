@@ -93,7 +93,9 @@ def main():
         d = (f"#define DK {dk}\n#define DV {dv}\n#define VT {vt}\n#define IN_T 1\n#define FUSED_MMA 1\n"
              f"#define NBUF 2\n#define FUSED_WIDE 0\n#define RTHREADS 256\n#define PLANES 1\n"
              f"#define PIECES 3\n#define SPLIT_OUT {split}\n#define OUT_T 0\n#define KSPLIT {1 + ksplit}\n"
-             f"#define HBUF {1 + hbuf}\n#define LATE_PLANES {late}\n")
+             f"#define HBUF {1 + hbuf}\n#define LATE_PLANES {late}\n"
+             # Every other configuration with short chunks' empty row blocks skipped.
+             f"#define ROW_SKIP {n % 2}\n")
         for kernel, fn in [("chunk_intra.cu", "chunk_intra"), ("chunk_recurrent_regs.cu", "chunk_recurrent_regs")]:
             name = f"{fn}_{n}"
             threads = "256" if fn == "chunk_intra" else "THREADS"

@@ -146,6 +146,20 @@ fn tunings() -> Vec<fused::Tuning> {
             max_blocks: Some(2),
             ..Tuning::default()
         },
+        // Short chunks run as whole ones (the skip of their empty row blocks, the default where
+        // they are common, off), and with the skip in the split kernel over segments.
+        Tuning {
+            row_skip: Some(false),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            split: Some(true),
+            vt: Some(16),
+            row_skip: Some(true),
+            segments: Some(2),
+            ..Tuning::default()
+        },
         // Segments (warm-ups before each, the value heads that cannot have them by the second
         // launch) forced on problems of a few chunks.
         Tuning {

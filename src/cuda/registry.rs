@@ -296,7 +296,8 @@ fn compile_error(key: &Key, e: CompileError) -> Error {
 }
 
 /// The NVRTC options every kernel is compiled with, for `arch`: plain f32 arithmetic with fused
-/// multiply-adds, no approximate division or root.
+/// multiply-adds, no approximate division or root; functions without an execution space are
+/// device functions (the kernels hold no host code; this lets a generic lambda be one).
 ///
 /// `DELTANET_NVRTC_LINEINFO=1` adds source line tables (for compute-sanitizer and Nsight reports
 /// that name the kernel source's lines; the code is unchanged).
@@ -307,6 +308,7 @@ pub(crate) fn base_options(arch: &str) -> Vec<String> {
         "--fmad=true".to_string(),
         "--prec-div=true".to_string(),
         "--prec-sqrt=true".to_string(),
+        "-default-device".to_string(),
     ];
     if std::env::var("DELTANET_NVRTC_LINEINFO").is_ok_and(|v| v == "1") {
         o.push("--generate-line-info".to_string());

@@ -133,6 +133,9 @@ pub struct Config {
     /// and `p` planes, which have one, refilled once the chunk's output is formed
     /// (`LATE_PLANES`): how the exact 128-column kernel double-buffers in the shared memory.
     pub late_planes: bool,
+    /// `chunk_recurrent_regs` skipping, in a chunk shorter than 64 rows, the 16-row blocks
+    /// past its end (`ROW_SKIP`: a second build of the products for such chunks).
+    pub row_skip: bool,
 }
 
 impl Config {
@@ -141,7 +144,8 @@ impl Config {
         format!(
             "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
              #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n\
-             #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n#define HBUF {}\n#define LATE_PLANES {}\n",
+             #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n#define HBUF {}\n#define LATE_PLANES {}\n\
+             #define ROW_SKIP {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -157,6 +161,7 @@ impl Config {
             if self.ksplit { 2 } else { 1 },
             if self.hbuf { 2 } else { 1 },
             i32::from(self.late_planes),
+            i32::from(self.row_skip),
         )
     }
 
@@ -291,6 +296,7 @@ pub fn standard_configs() -> Vec<Config> {
         ksplit: false,
         hbuf: false,
         late_planes: false,
+        row_skip: false,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -320,12 +326,16 @@ pub fn standard_configs() -> Vec<Config> {
             ..config(dk, 128, vt, DType::BF16, 2, false)
         });
     }
-    // The exact 128-column plain kernel as it runs: one buffer of the planes, two of the rest.
-    v.push(Config {
-        regs: true,
-        late_planes: true,
-        ..config(128, 128, 128, DType::BF16, 2, false)
-    });
+    // The exact 128-column plain kernel as it runs: one buffer of the planes, two of the rest;
+    // and with short chunks' row blocks skipped.
+    for row_skip in [false, true] {
+        v.push(Config {
+            regs: true,
+            late_planes: true,
+            row_skip,
+            ..config(128, 128, 128, DType::BF16, 2, false)
+        });
+    }
     // o written in bf16 by both recurrent kernels.
     v.push(Config {
         out: DType::BF16,
@@ -452,6 +462,8 @@ pub struct Tuning {
     /// At most this many blocks a launch (a test knob): each block then runs several items,
     /// which one block an item never does.
     pub max_blocks: Option<usize>,
+    /// `chunk_recurrent_regs` with short chunks skipping their empty row blocks.
+    pub row_skip: Option<bool>,
 }
 
 impl Tuning {
@@ -459,7 +471,7 @@ impl Tuning {
     /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`, `DELTANET_FUSED_REGS=0|1`,
     /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`,
     /// `DELTANET_FUSED_HBUF=0|1`, `DELTANET_FUSED_SEGMENTS`, `DELTANET_FUSED_LATE=0|1`,
-    /// `DELTANET_FUSED_BLOCKS`.
+    /// `DELTANET_FUSED_BLOCKS`, `DELTANET_FUSED_ROWSKIP=0|1`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -482,6 +494,7 @@ impl Tuning {
             segments: num("DELTANET_FUSED_SEGMENTS"),
             late_planes: flag("DELTANET_FUSED_LATE"),
             max_blocks: num("DELTANET_FUSED_BLOCKS"),
+            row_skip: flag("DELTANET_FUSED_ROWSKIP"),
         }
     }
 }
@@ -525,6 +538,7 @@ fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &
         ksplit: false,
         hbuf: false,
         late_planes: false,
+        row_skip: false,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -621,6 +635,7 @@ fn regs_config_for(
         ksplit,
         hbuf: false,
         late_planes: false,
+        row_skip: tuning.row_skip.unwrap_or_else(|| short_chunks_share(p) >= ROW_SKIP_SHARE),
     };
     let max = dev.max_shared_per_block();
     // Where two whole stage buffers do not fit beside the plain kernel's state (the exact
@@ -646,6 +661,18 @@ fn regs_config_for(
         }
     }
     (cfg.shared_bytes(Kernel::ChunkRecurrentRegs) <= max).then_some(cfg)
+}
+
+/// Share of short chunks (a sequence's last, under 64 rows) from which the recurrent kernel
+/// skips their empty row blocks by default: its build with the skip carries a second copy of
+/// every product, which problems of whole chunks need not pay for.
+const ROW_SKIP_SHARE: f64 = 0.02;
+
+/// Share of the problem's chunks shorter than [`CHUNK`] rows.
+fn short_chunks_share(p: &Problem) -> f64 {
+    let chunks = p.chunks();
+    let short = chunks.iter().filter(|c| c.len < CHUNK).count();
+    short as f64 / chunks.len().max(1) as f64
 }
 
 /// Chunks a segment holds at least by default: its warm-up (a chunk or two where the gates decay

@@ -121,7 +121,7 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
     for cfg in standard_configs() {
         for kernel in cfg.kernels() {
             let name = format!(
-                "fused_{}_k{}_v{}_vt{}_{}{}{}{}{}{}",
+                "fused_{}_k{}_v{}_vt{}_{}{}{}{}{}{}{}",
                 kernel.name(),
                 cfg.dk,
                 cfg.dv,
@@ -141,6 +141,7 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
                     _ => "",
                 },
                 if cfg.late_planes { "_late" } else { "" },
+                if cfg.row_skip { "_rowskip" } else { "" },
                 if cfg.out == DType::F32 {
                     String::new()
                 } else {

@@ -88,6 +88,19 @@
 #if LATE_PLANES && (SPLIT_OUT || NBUF != 2)
 #error "LATE_PLANES needs the plain kernel with two stage buffers"
 #endif
+// ROW_SKIP = 1: a chunk shorter than 64 rows (a sequence's last) skips the 16-row blocks past
+// its end in every product (their rows are zero, and so are the results' rows there). The
+// products then come in two builds, one for whole chunks (as without ROW_SKIP: a test of the
+// length inside the unrolled loops splits them into blocks the compiler schedules apart, which
+// made whole chunks ~10 % slower) and one for short chunks. Why: varlen's sequences end in
+// partial chunks, ~3 % of its chunks at 64 sequences in 65536 tokens, about half empty.
+#ifndef ROW_SKIP
+#define ROW_SKIP 0
+#endif
+template <bool B>
+struct Flag {
+    static constexpr bool value = B;
+};
 #define GROUPS (VT / 16)  // 16-column groups, each with its state warps (and an output warp)
 #define THREADS (GROUPS * 32 * (KSPLIT + SPLIT_OUT))
 // With SPLIT_OUT the output warps alone stage the chunk's rows, off the state chain (every warp
@@ -216,9 +229,10 @@ __device__ __forceinline__ int state_at(int nd, int e) { return (8 * nd + (e & 1
 
 // acc = h^T M^T (16 x 64) for the chunk's staged rows M (K or Q, [C][SK] bf16), over KB blocks of
 // 16 of K from block kb0.
-template <int KB = DK / 16>
+// With PART, row blocks of 16 at or past `rows` (the chunk's length) are skipped.
+template <int KB = DK / 16, bool PART = false>
 __device__ __forceinline__ void h_times(float (&acc)[NTT][4], const float4* hs,
-                                        const SmemRows& M0, int kb0 = 0) {
+                                        const SmemRows& M0, int kb0 = 0, int rows = C) {
     hs += 2 * kb0 * 32;
     const SmemRows M = {M0.b + 2u * 16 * kb0, M0.bt};
 #pragma unroll
@@ -232,6 +246,7 @@ __device__ __forceinline__ void h_times(float (&acc)[NTT][4], const float4* hs,
         const APieces ah = a_from_acc(f0, f1);
 #pragma unroll
         for (int nb = 0; nb < NTT; nb += 2) {
+            if (PART && 8 * nb >= rows) continue;
             unsigned b[4];
             ldsm_b(b, M, SK, 8 * nb, 16 * kb);
             mma3(acc[nb], ah, b[0], b[1]);
@@ -242,8 +257,9 @@ __device__ __forceinline__ void h_times(float (&acc)[NTT][4], const float4* hs,
 
 // kacc = h^T K^T and qacc = h^T Q^T (16 x 64 each) from one split of h per k16 step: the plain
 // kernel forms both at once where the chunk has output (h is read and split once, not twice).
+template <bool PART = false>
 __device__ __forceinline__ void h_times2(float (&kacc)[NTT][4], float (&qacc)[NTT][4], const float4* hs,
-                                         const SmemRows& K, const SmemRows& Q) {
+                                         const SmemRows& K, const SmemRows& Q, int rows = C) {
 #pragma unroll
     for (int a = 0; a < NTT; ++a)
 #pragma unroll
@@ -255,6 +271,7 @@ __device__ __forceinline__ void h_times2(float (&kacc)[NTT][4], float (&qacc)[NT
         const APieces ah = a_from_acc(f0, f1);
 #pragma unroll
         for (int nb = 0; nb < NTT; nb += 2) {
+            if (PART && 8 * nb >= rows) continue;
             unsigned bk[4], bq[4];
             ldsm_b(bk, K, SK, 8 * nb, 16 * kb);
             ldsm_b(bq, Q, SK, 8 * nb, 16 * kb);
@@ -268,14 +285,17 @@ __device__ __forceinline__ void h_times2(float (&kacc)[NTT][4], float (&qacc)[NT
 
 // acc += a M^T (16 x 64) for M a lower-triangular chunk matrix staged as PIECES bf16 planes
 // (a_inv or p, [C][SPL]) and a an f32 accumulator tile set: block (rows 16m.., columns 16kb..)
-// of M is zero for kb > m and skipped.
+// of M is zero for kb > m and skipped; with PART, so are block rows m at or past `rows`.
+template <bool PART = false>
 __device__ __forceinline__ void times_planes(float (&acc)[NTT][4], const float (&a)[NTT][4],
-                                             const SmemRows& M) {
+                                             const SmemRows& M, int rows = C) {
 #pragma unroll
     for (int kb = 0; kb < C / 16; ++kb) {
+        if (PART && 16 * kb >= rows) continue;
         const APieces ap = a_from_acc(a[2 * kb], a[2 * kb + 1]);
 #pragma unroll
         for (int m = kb; m < C / 16; ++m) {
+            if (PART && 16 * m >= rows) continue;
             unsigned x[PIECES][4], b0[PIECES][2], b1[PIECES][2];
 #pragma unroll
             for (int pl = 0; pl < PIECES; ++pl) {
@@ -433,7 +453,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         chunk_at(c_from, start, len);
         chunk_at(c_from + 1, nx_start, nx_len);
         if (c_from < ce) issue(start, len, 0, 3);
-        for (i64 ci = c_from; ci < ce; ++ci) {
+        // One chunk step; whole = false: the chunk is short (see ROW_SKIP).
+        auto step = [&](auto part, i64 ci) {
+            constexpr bool whole = !decltype(part)::value;
             i64 nn_start;
             int nn_len;
             chunk_at(ci + 2, nn_start, nn_len);
@@ -475,7 +497,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     for (int e = 0; e < 4; ++e) qh[nb][e] *= st.sc[8 * nb + 2 * t + (e & 1)].y;
             };
             auto output_rest = [&](float (&qh)[NTT][4], const float (&vn)[NTT][4], int lv) {
-                times_planes(qh, vn, Pr);
+                if (whole)
+                    times_planes(qh, vn, Pr);
+                else
+                    times_planes<true>(qh, vn, Pr, len);
                 // Row stride of o, opaque here so that the 16 row offsets are formed at the
                 // stores rather than hoisted out of the loop into 32 live registers.
                 i64 rs = hv * DV;
@@ -492,7 +517,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     }
             };
             auto output_qh = [&](float (&qh)[NTT][4]) {
-                h_times(qh, hs, Qr);
+                if (whole)
+                    h_times(qh, hs, Qr);
+                else
+                    h_times<DK / 16, true>(qh, hs, Qr, 0, len);
                 scale_qh(qh);
             };
             float vn[NTT][4];
@@ -506,7 +534,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #if KSPLIT == 2
                 // This warp's half of K, then the other's through shared memory: both warps
                 // hold the same sum (float addition commutes).
-                h_times<DK / 32>(kh_, hs, Kr, half * (DK / 32));
+                if (whole)
+                    h_times<DK / 32>(kh_, hs, Kr, half * (DK / 32));
+                else
+                    h_times<DK / 32, true>(kh_, hs, Kr, half * (DK / 32), len);
 #pragma unroll
                 for (int a = 0; a < NTT; ++a)
                     px[(half * NTT + a) * 32] = make_float4(kh_[a][0], kh_[a][1], kh_[a][2], kh_[a][3]);
@@ -520,12 +551,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     kh_[a][3] += y.w;
                 }
 #elif SPLIT_OUT
-                h_times(kh_, hs, Kr);
-#else
-                if (emit) {
-                    h_times2(kh_, qh, hs, Kr, Qr);
-                } else {
+                if (whole)
                     h_times(kh_, hs, Kr);
+                else
+                    h_times<DK / 16, true>(kh_, hs, Kr, 0, len);
+#else
+                if (emit && whole) {
+                    h_times2(kh_, qh, hs, Kr, Qr);
+                } else if (emit) {
+                    h_times2<true>(kh_, qh, hs, Kr, Qr, len);
+                } else if (whole) {
+                    h_times(kh_, hs, Kr);
+                } else {
+                    h_times<DK / 16, true>(kh_, hs, Kr, 0, len);
                 }
 #endif
                 // R^T in place of KH^T; lv.
@@ -555,7 +593,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 for (int a = 0; a < NTT; ++a)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) vn[a][e] = 0.0f;
-                times_planes(vn, kh_, Xr);
+                if (whole)
+                    times_planes(vn, kh_, Xr);
+                else
+                    times_planes<true>(vn, kh_, Xr, len);
                 PHASE();
             }
 #if SPLIT_OUT
@@ -632,15 +673,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                         h[x][2] = y.z * d_last;
                         h[x][3] = y.w * d_last;
                     }
+                    // v_new's rows past the chunk's end are zero: with a short chunk, the
+                    // 16-row blocks there are skipped (a build of their own, see ROW_SKIP).
+                    auto update = [&]() {
 #pragma unroll
-                    for (int kb = 0; kb < C / 16; ++kb)
+                        for (int kb = 0; kb < C / 16; ++kb) {
+                            if (!whole && 16 * kb >= len) continue;
 #pragma unroll
-                        for (int x = 0; x < UPD; x += 2) {
-                            unsigned bk[4];
-                            ldsm_bt(bk, Kr, SK, 16 * kb, 8 * (ndu + x));
-                            mma3(h[x], aw[kb], bk[0], bk[1]);
-                            mma3(h[x + 1], aw[kb], bk[2], bk[3]);
+                            for (int x = 0; x < UPD; x += 2) {
+                                unsigned bk[4];
+                                ldsm_bt(bk, Kr, SK, 16 * kb, 8 * (ndu + x));
+                                mma3(h[x], aw[kb], bk[0], bk[1]);
+                                mma3(h[x + 1], aw[kb], bk[2], bk[3]);
+                            }
                         }
+                    };
+                    update();
 #pragma unroll
                     for (int x = 0; x < UPD; ++x) hs_up[32 * (ndu + x)] = make_float4(h[x][0], h[x][1], h[x][2], h[x][3]);
                 }
@@ -653,7 +701,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             len = nx_len;
             nx_start = nn_start;
             nx_len = nn_len;
+        };
+        // A short chunk is always an item's last: peeled off the loop, so that the loop over
+        // whole chunks is the build without ROW_SKIP.
+        i64 ci = c_from;
+        for (; ci < ce; ++ci) {
+            if (ROW_SKIP && len < C) break;
+            step(Flag<false>{}, ci);
         }
+        if (ROW_SKIP && ci < ce) step(Flag<true>{}, ci);
         if (P.part == 1 && state_warp && !last_seg) {
             // The leaving state's non-finite columns (this lane's g and g + 8, over its tiles,
             // then over its quad), one slot per K half.
