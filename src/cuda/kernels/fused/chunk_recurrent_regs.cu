@@ -89,11 +89,13 @@
 #error "LATE_PLANES needs the plain kernel with two stage buffers"
 #endif
 // ROW_SKIP = 1: a chunk shorter than 64 rows (a sequence's last) skips the 16-row blocks past
-// its end in every product (their rows are zero, and so are the results' rows there). The
-// products then come in two builds, one for whole chunks (as without ROW_SKIP: a test of the
-// length inside the unrolled loops splits them into blocks the compiler schedules apart, which
-// made whole chunks ~10 % slower) and one for short chunks. Why: varlen's sequences end in
-// partial chunks, ~3 % of its chunks at 64 sequences in 65536 tokens, about half empty.
+// its end in every product (their rows are zero, and so are the results' rows there). The chunk
+// step is then a generic lambda built twice: for whole chunks, as without ROW_SKIP, in the loop;
+// for a short chunk, with the tests of its length, peeled off the loop. Why so: varlen's
+// sequences end in short chunks (3 % of its chunks at 64 sequences in 65536 tokens, on average
+// half empty), and tests of the length inside the unrolled loops cut them into blocks that the
+// compiler schedules apart (whole chunks measured ~10 % slower), as does a second copy of the
+// products inside the loop (3 %).
 #ifndef ROW_SKIP
 #define ROW_SKIP 0
 #endif
@@ -453,9 +455,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         chunk_at(c_from, start, len);
         chunk_at(c_from + 1, nx_start, nx_len);
         if (c_from < ce) issue(start, len, 0, 3);
-        // One chunk step; whole = false: the chunk is short (see ROW_SKIP).
+#if ROW_SKIP
+        // One chunk step; whole = false: the chunk is short. A short chunk is always an item's
+        // last: it is peeled off the loop (below), so that the loop over whole chunks runs the
+        // products as the build without ROW_SKIP does.
         auto step = [&](auto part, i64 ci) {
             constexpr bool whole = !decltype(part)::value;
+#else
+        for (i64 ci = c_from; ci < ce; ++ci) {
+            constexpr bool whole = true;
+#endif
             i64 nn_start;
             int nn_len;
             chunk_at(ci + 2, nn_start, nn_len);
@@ -675,20 +684,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     }
                     // v_new's rows past the chunk's end are zero: with a short chunk, the
                     // 16-row blocks there are skipped (a build of their own, see ROW_SKIP).
-                    auto update = [&]() {
 #pragma unroll
-                        for (int kb = 0; kb < C / 16; ++kb) {
-                            if (!whole && 16 * kb >= len) continue;
+                    for (int kb = 0; kb < C / 16; ++kb) {
+                        if (!whole && 16 * kb >= len) continue;
 #pragma unroll
-                            for (int x = 0; x < UPD; x += 2) {
-                                unsigned bk[4];
-                                ldsm_bt(bk, Kr, SK, 16 * kb, 8 * (ndu + x));
-                                mma3(h[x], aw[kb], bk[0], bk[1]);
-                                mma3(h[x + 1], aw[kb], bk[2], bk[3]);
-                            }
+                        for (int x = 0; x < UPD; x += 2) {
+                            unsigned bk[4];
+                            ldsm_bt(bk, Kr, SK, 16 * kb, 8 * (ndu + x));
+                            mma3(h[x], aw[kb], bk[0], bk[1]);
+                            mma3(h[x + 1], aw[kb], bk[2], bk[3]);
                         }
-                    };
-                    update();
+                    }
 #pragma unroll
                     for (int x = 0; x < UPD; ++x) hs_up[32 * (ndu + x)] = make_float4(h[x][0], h[x][1], h[x][2], h[x][3]);
                 }
@@ -701,15 +707,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             len = nx_len;
             nx_start = nn_start;
             nx_len = nn_len;
+#if ROW_SKIP
         };
-        // A short chunk is always an item's last: peeled off the loop, so that the loop over
-        // whole chunks is the build without ROW_SKIP.
+        // Only a sequence's last chunk is short (Problem's chunking; segments end at chunks).
         i64 ci = c_from;
         for (; ci < ce; ++ci) {
-            if (ROW_SKIP && len < C) break;
+            if (len < C) break;
             step(Flag<false>{}, ci);
         }
-        if (ROW_SKIP && ci < ce) step(Flag<true>{}, ci);
+        if (ci < ce) step(Flag<true>{}, ci);
+#else
+        }
+#endif
         if (P.part == 1 && state_warp && !last_seg) {
             // The leaving state's non-finite columns (this lane's g and g + 8, over its tiles,
             // then over its quad), one slot per K half.
