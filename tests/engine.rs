@@ -530,6 +530,61 @@ fn gpu_graph_replay_equals_uncaptured_and_cpu() {
 }
 
 #[test]
+fn gpu_a_plans_first_forward_can_be_captured() {
+    let (stream, dev) = gpu_or_skip!();
+    // A shape no other test here uses (K = 96, V = 80: the fused path's split kernel), so that
+    // no earlier call of this process has loaded its kernels: the plan must have.
+    let c = Case {
+        name: "bf16 varlen K=96 V=80, captured before any uncaptured run",
+        dims: Dims {
+            batch: 1,
+            seq_len: 300,
+            heads: 2,
+            v_heads: 4,
+            dk: 96,
+            dv: 80,
+        },
+        cu_seqlens: Some(vec![0, 130, 300]),
+        opts: Options::default(),
+        dtype: DType::BF16,
+        with_h0: false,
+    };
+    let h = host_inputs(&c, 5);
+    let mut e = Engine::new(&stream, &dev, &c, &h);
+    stream.synchronize().unwrap();
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    let queued = e.queue();
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+    queued.unwrap();
+    let graph = graph.unwrap().expect("a graph with work in it");
+    e.zero_outputs();
+    graph.launch().unwrap();
+    let replayed = e.outputs();
+    e.zero_outputs();
+    e.queue().unwrap();
+    let plain = e.outputs();
+    for (k, name) in NAMES.iter().enumerate() {
+        assert!(
+            replayed[k] == plain[k],
+            "{name}: the replay differs from the uncaptured run"
+        );
+    }
+    let cpu = cpu_answer(&c, &h);
+    let gpu = [
+        e.o.f32s(&stream),
+        e.final_state.f32s(&stream),
+        e.o_step.f32s(&stream),
+        e.state.f32s(&stream),
+    ];
+    for (k, name) in NAMES.iter().enumerate() {
+        let err = rel_l2(&gpu[k], &cpu[k]);
+        assert!(err < 1e-5, "{name} rel L2 vs CPU {err:.2e}");
+    }
+}
+
+#[test]
 fn gpu_16_bit_output_is_the_f32_output_rounded() {
     let (stream, dev) = gpu_or_skip!();
     for c in cases().into_iter().filter(|c| c.dtype != DType::F32) {

@@ -654,6 +654,14 @@ impl Plan {
         for kernel in Kernel::ALL {
             dev.function(kernel, Some(p.chunk_size()))?;
         }
+        fused::prepare(
+            &dev,
+            p,
+            opts,
+            dtype,
+            out_dtype(opts, dtype),
+            &fused::Tuning::from_env(),
+        )?;
         let tables = dev.upload_tables(p)?;
         Ok(Plan {
             forward: forward_layout(p, opts, dtype),

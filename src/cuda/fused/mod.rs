@@ -903,6 +903,35 @@ pub fn forward(dev: &CudaDevice, p: &Problem, opts: &Options, io: &FusedIo) -> R
     forward_tuned(dev, p, opts, io, &Tuning::from_env())
 }
 
+/// Compiles and loads the kernels [`forward_tuned`] launches for `p` with q, k, v in `dtype` and
+/// `o` in `out` (a no-op where the fused path does not take the problem), so that the first
+/// forward loads nothing (an engine's [`crate::cuda::Plan`] calls it: the forward may be
+/// captured in a CUDA graph).
+pub(crate) fn prepare(
+    dev: &CudaDevice,
+    p: &Problem,
+    opts: &Options,
+    dtype: DType,
+    out: DType,
+    tuning: &Tuning,
+) -> Result<()> {
+    if !supported(dev, p, opts) || p.num_seqs() == 0 {
+        return Ok(());
+    }
+    let cfg = Config {
+        out,
+        ..config(dev, p, opts, dtype, tuning)
+    };
+    for kernel in cfg.kernels() {
+        function(dev, kernel, &cfg)?;
+    }
+    // The segmented launch where the forward takes it (never with chunk states asked for).
+    if let Some((seg_cfg, _, _)) = segmenting(dev, p, opts, tuning, &cfg, false) {
+        function(dev, seg_cfg.recurrent(), &seg_cfg)?;
+    }
+    Ok(())
+}
+
 /// [`forward`] with explicit [`Tuning`].
 pub fn forward_tuned(
     dev: &CudaDevice,
