@@ -506,10 +506,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     for (int e = 0; e < 4; ++e) qh[nb][e] *= st.sc[8 * nb + 2 * t + (e & 1)].y;
             };
             auto output_rest = [&](float (&qh)[NTT][4], const float (&vn)[NTT][4], int lv) {
-                if (whole)
-                    times_planes(qh, vn, Pr);
-                else
-                    times_planes<true>(qh, vn, Pr, len);
+                times_planes<!whole>(qh, vn, Pr, len);
                 // Row stride of o, opaque here so that the 16 row offsets are formed at the
                 // stores rather than hoisted out of the loop into 32 live registers.
                 i64 rs = hv * DV;
@@ -526,10 +523,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     }
             };
             auto output_qh = [&](float (&qh)[NTT][4]) {
-                if (whole)
-                    h_times(qh, hs, Qr);
-                else
-                    h_times<DK / 16, true>(qh, hs, Qr, 0, len);
+                h_times<DK / 16, !whole>(qh, hs, Qr, 0, len);
                 scale_qh(qh);
             };
             float vn[NTT][4];
@@ -543,10 +537,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #if KSPLIT == 2
                 // This warp's half of K, then the other's through shared memory: both warps
                 // hold the same sum (float addition commutes).
-                if (whole)
-                    h_times<DK / 32>(kh_, hs, Kr, half * (DK / 32));
-                else
-                    h_times<DK / 32, true>(kh_, hs, Kr, half * (DK / 32), len);
+                h_times<DK / 32, !whole>(kh_, hs, Kr, half * (DK / 32), len);
 #pragma unroll
                 for (int a = 0; a < NTT; ++a)
                     px[(half * NTT + a) * 32] = make_float4(kh_[a][0], kh_[a][1], kh_[a][2], kh_[a][3]);
@@ -560,19 +551,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     kh_[a][3] += y.w;
                 }
 #elif SPLIT_OUT
-                if (whole)
-                    h_times(kh_, hs, Kr);
-                else
-                    h_times<DK / 16, true>(kh_, hs, Kr, 0, len);
+                h_times<DK / 16, !whole>(kh_, hs, Kr, 0, len);
 #else
-                if (emit && whole) {
-                    h_times2(kh_, qh, hs, Kr, Qr);
-                } else if (emit) {
-                    h_times2<true>(kh_, qh, hs, Kr, Qr, len);
-                } else if (whole) {
-                    h_times(kh_, hs, Kr);
+                if (emit) {
+                    h_times2<!whole>(kh_, qh, hs, Kr, Qr, len);
                 } else {
-                    h_times<DK / 16, true>(kh_, hs, Kr, 0, len);
+                    h_times<DK / 16, !whole>(kh_, hs, Kr, 0, len);
                 }
 #endif
                 // R^T in place of KH^T; lv.
@@ -602,10 +586,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 for (int a = 0; a < NTT; ++a)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) vn[a][e] = 0.0f;
-                if (whole)
-                    times_planes(vn, kh_, Xr);
-                else
-                    times_planes<true>(vn, kh_, Xr, len);
+                times_planes<!whole>(vn, kh_, Xr, len);
                 PHASE();
             }
 #if SPLIT_OUT
