@@ -134,7 +134,7 @@ pub struct Config {
     /// (`LATE_PLANES`): how the exact 128-column kernel double-buffers in the shared memory.
     pub late_planes: bool,
     /// `chunk_recurrent_regs` skipping, in a chunk shorter than 64 rows, the 16-row blocks
-    /// past its end (`ROW_SKIP`: a second build of the products for such chunks).
+    /// past its end (`ROW_SKIP`: the chunk step built a second time, for the short last chunk).
     pub row_skip: bool,
 }
 
@@ -468,7 +468,8 @@ pub struct Tuning {
     /// At most this many blocks a launch (a test knob): each block then runs several items,
     /// which one block an item never does.
     pub max_blocks: Option<usize>,
-    /// `chunk_recurrent_regs` with short chunks skipping their empty row blocks.
+    /// `chunk_recurrent_regs` with short chunks (a sequence's last) skipping their empty row
+    /// blocks; by default in the plain kernel where 2 % or more of the chunks are short.
     pub row_skip: Option<bool>,
 }
 
