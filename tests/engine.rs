@@ -472,6 +472,36 @@ fn cpu_answer(c: &Case, h: &Host) -> [Vec<f32>; 4] {
 
 const NAMES: [&str; 4] = ["o", "final_state", "decode o", "decode state"];
 
+/// `e`'s calls captured in a graph on `stream`. Any call of this thread that a graph cannot hold
+/// (an allocation, a host synchronisation, a synchronous copy, a module load) fails the
+/// capture; thread-local mode keeps the other tests' threads, which allocate freely, out of it.
+fn capture(stream: &Arc<CudaStream>, e: &mut Engine) -> cudarc::driver::CudaGraph {
+    stream.synchronize().unwrap();
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    let queued = e.queue();
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+    queued.unwrap();
+    graph.unwrap().expect("a graph with work in it")
+}
+
+/// `e`'s four outputs within 1e-5 (relative L2) of the CPU's answer to `c`.
+fn assert_near_cpu(stream: &Arc<CudaStream>, c: &Case, h: &Host, e: &Engine) {
+    let cpu = cpu_answer(c, h);
+    let gpu = [
+        e.o.f32s(stream),
+        e.final_state.f32s(stream),
+        e.o_step.f32s(stream),
+        e.state.f32s(stream),
+    ];
+    for (k, name) in NAMES.iter().enumerate() {
+        let err = rel_l2(&gpu[k], &cpu[k]);
+        eprintln!("{}: {name} rel L2 vs CPU {err:.2e}", c.name);
+        assert!(err < 1e-5, "{}: {name} rel L2 vs CPU {err:.2e}", c.name);
+    }
+}
+
 #[test]
 fn gpu_graph_replay_equals_uncaptured_and_cpu() {
     let (stream, dev) = gpu_or_skip!();
@@ -482,18 +512,9 @@ fn gpu_graph_replay_equals_uncaptured_and_cpu() {
         e.queue().unwrap();
         let plain = e.outputs();
 
-        // The same calls captured. Any call of this thread that a graph cannot hold (an
-        // allocation, a host synchronisation, a synchronous copy) fails the capture; thread-local
-        // mode keeps the other tests' threads, which allocate freely, out of it.
+        // The same calls captured.
         e.zero_outputs();
-        stream.synchronize().unwrap();
-        stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .unwrap();
-        let queued = e.queue();
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-        queued.unwrap();
-        let graph = graph.unwrap().expect("a graph with work in it");
+        let graph = capture(&stream, &mut e);
         // Capturing runs nothing: the outputs are still zero.
         let zero = e.outputs();
         assert!(
@@ -513,19 +534,7 @@ fn gpu_graph_replay_equals_uncaptured_and_cpu() {
                 );
             }
         }
-
-        let cpu = cpu_answer(c, &h);
-        let gpu = [
-            e.o.f32s(&stream),
-            e.final_state.f32s(&stream),
-            e.o_step.f32s(&stream),
-            e.state.f32s(&stream),
-        ];
-        for (k, name) in NAMES.iter().enumerate() {
-            let err = rel_l2(&gpu[k], &cpu[k]);
-            eprintln!("{}: {name} rel L2 vs CPU {err:.2e}", c.name);
-            assert!(err < 1e-5, "{}: {name} rel L2 vs CPU {err:.2e}", c.name);
-        }
+        assert_near_cpu(&stream, c, &h, &e);
     }
 }
 
@@ -551,14 +560,7 @@ fn gpu_a_plans_first_forward_can_be_captured() {
     };
     let h = host_inputs(&c, 5);
     let mut e = Engine::new(&stream, &dev, &c, &h);
-    stream.synchronize().unwrap();
-    stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .unwrap();
-    let queued = e.queue();
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-    queued.unwrap();
-    let graph = graph.unwrap().expect("a graph with work in it");
+    let graph = capture(&stream, &mut e);
     e.zero_outputs();
     graph.launch().unwrap();
     let replayed = e.outputs();
@@ -571,17 +573,7 @@ fn gpu_a_plans_first_forward_can_be_captured() {
             "{name}: the replay differs from the uncaptured run"
         );
     }
-    let cpu = cpu_answer(&c, &h);
-    let gpu = [
-        e.o.f32s(&stream),
-        e.final_state.f32s(&stream),
-        e.o_step.f32s(&stream),
-        e.state.f32s(&stream),
-    ];
-    for (k, name) in NAMES.iter().enumerate() {
-        let err = rel_l2(&gpu[k], &cpu[k]);
-        assert!(err < 1e-5, "{name} rel L2 vs CPU {err:.2e}");
-    }
+    assert_near_cpu(&stream, &c, &h, &e);
 }
 
 #[test]
