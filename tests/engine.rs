@@ -554,7 +554,10 @@ fn gpu_a_plans_first_forward_can_be_captured() {
             dv: 80,
         },
         cu_seqlens: Some(vec![0, 130, 300]),
-        opts: Options::default(),
+        opts: Options {
+            out_dtype: Some(DType::F32),
+            ..Options::default()
+        },
         dtype: DType::BF16,
         with_h0: false,
     };
