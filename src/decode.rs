@@ -454,8 +454,14 @@ fn cpu_decode_in_pool(
     // With one token a step, tasks go in runs of consecutive ones (about eight runs per thread,
     // at most 16 tasks a run), each run stepped software-pipelined (`token_steps`: each state's
     // update beside the next one's sums); with more, one task at a time, its tokens in turn.
+    // Not where the states (over a few MiB) fit in about one last-level cache: there one task a
+    // run, its two passes back to back and the next task's state fetched during its update,
+    // measured faster on an AVX-512 host (32 MiB L3; N=16, 32 MiB of states: 1.10-1.44 ->
+    // 0.74-0.88 ms at 2 threads, 2.13-2.34 -> 1.31-1.51 at 1; N=64 and N=1 slower so: NOTES-CPU.md).
     let tasks = n * hv * tiles;
-    let per_run = if t == 1 {
+    let states = 4 * n * hv * kv;
+    let fits_cache = states > 8 << 20 && 2 * states <= 3 * crate::cpu::last_level_cache();
+    let per_run = if t == 1 && !fits_cache {
         (tasks / (8 * rayon::current_num_threads())).clamp(1, 16)
     } else {
         1
