@@ -1,8 +1,11 @@
 """Runs the fused prefill kernels' CUDA source on the CPU: chunk_intra and chunk_recurrent_regs
-(plain and split) compiled by g++ with a host shim (threads as lanes; barriers for
-__syncthreads, named barriers and the warp-collective operations; mma.sync, ldmatrix and cp.async
-written out, each cp.async landing only at the wait that covers its group), driven by fused_emulate_driver.cpp against a float64 recurrence. No GPU needed:
+(plain, split, and on warpgroup products) compiled by g++ with a host shim (threads as lanes;
+barriers for __syncthreads, named barriers and the warp- and warpgroup-collective operations;
+mma.sync, wgmma (its swizzled shared-memory operand as the shim models it), ldmatrix and
+cp.async written out, each cp.async landing only at the wait that covers its group), driven by
+fused_emulate_driver.cpp against a float64 recurrence. No GPU needed:
     python3 dev/fused_emulate.py [cases]   (12 by default; needs g++ with C++20)
+    EMU_CONFS=14,15 python3 dev/fused_emulate.py 17   (only those configurations' cases)
 A kernel change can so be checked before device time is spent on it (it is slow: small shapes)."""
 import os
 import re
@@ -32,6 +35,11 @@ def replace_asm(src):
         ("cvt.f32.f16", "f = emu_f16_to_f32(x);"),
         ("cvt.rn.bf16.f32", "r = emu_f32_to_bf16(x);"),
         ("cvt.rn.f16.f32", "r = emu_f32_to_f16(x);"),
+        ("wgmma.fence", "emu_fence();"),
+        ("wgmma.commit_group", "emu_fence();"),
+        ("wgmma.wait_group", "emu_fence();"),
+        ("fence.proxy.async", "emu_fence();"),
+        ("{\\n.reg .pred p;", "emu_wgmma64(d, a, desc, TB);"),
         ("bar.arrive", "emu_bar_arrive(id, n);"),
         ("bar.sync", "emu_bar_sync(id, n);"),
     ]
@@ -88,6 +96,11 @@ def main():
              (80, 32, 32, 1, 0, 0, 0), (64, 48, 16, 1, 0, 0, 0), (64, 48, 16, 1, 1, 0, 0), (32, 32, 32, 1, 1, 0, 0),
              (32, 32, 16, 1, 0, 1, 0), (64, 48, 16, 1, 1, 1, 0), (80, 32, 32, 1, 0, 1, 0), (32, 32, 32, 1, 1, 1, 0),
              (32, 32, 32, 0, 0, 0, 1), (64, 48, 16, 0, 0, 0, 1)]
+    # The warpgroup products (WGMMA): K a multiple of 64, 64 or 128 columns a block, the plain
+    # kernel without the row skip; the last with its planes in one buffer.
+    wg_confs = [(64, 64, 64, 0, 0, 0, 0), (128, 128, 128, 0, 0, 0, 0), (64, 128, 64, 0, 0, 0, 1)]
+    confs = confs + wg_confs
+    first_wg = len(confs) - len(wg_confs)
     entries = []
     for n, (dk, dv, vt, split, ksplit, hbuf, late) in enumerate(confs):
         d = (f"#define DK {dk}\n#define DV {dv}\n#define VT {vt}\n#define IN_T 1\n#define FUSED_MMA 1\n"
@@ -95,7 +108,7 @@ def main():
              f"#define PIECES 3\n#define SPLIT_OUT {split}\n#define OUT_T 0\n#define KSPLIT {1 + ksplit}\n"
              f"#define HBUF {1 + hbuf}\n#define LATE_PLANES {late}\n"
              # Every other configuration with short chunks' empty row blocks skipped.
-             f"#define ROW_SKIP {n % 2}\n")
+             f"#define ROW_SKIP {0 if n >= first_wg else n % 2}\n#define WGMMA {int(n >= first_wg)}\n")
         for kernel, fn in [("chunk_intra.cu", "chunk_intra"), ("chunk_recurrent_regs.cu", "chunk_recurrent_regs")]:
             name = f"{fn}_{n}"
             threads = "256" if fn == "chunk_intra" else "THREADS"

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -43,6 +44,15 @@ struct Warp {
     float xf[32];
     int xi[32];
 };
+// A warpgroup (four consecutive warps; fewer threads where the block has fewer): wgmma's
+// operands meet here between two barriers.
+struct WarpGroup {
+    explicit WarpGroup(int n) : bar(n) {}
+    std::barrier<> bar;
+    unsigned xa[128][4];
+    unsigned long long desc[128];
+};
+static thread_local WarpGroup* my_wg;
 static thread_local Warp* my_warp;
 static thread_local int my_lane;
 static std::barrier<>* emu_block_bar;
@@ -262,6 +272,49 @@ static void emu_ldsm(unsigned (&r)[4], unsigned addr, bool trans) {
     }
     w.bar.arrive_and_wait();
 }
+static void __trap() { abort(); }
+// wgmma m64n64k16 (bf16, f32 accumulate; A from registers, B through a shared-memory
+// descriptor in the 128-byte swizzle): the 128 lanes' A fragments gathered into A (64 x 16);
+// B (16 x 64) read at the descriptor's address, K-major (tb = 0: element (k, n) at n * 128 +
+// 2 k) or MN-major (tb = 1: at k * 128 + 2 n), each address's 16-byte piece swizzled by its
+// 128-byte line (bits 4-6 xor bits 7-9), as the hardware reads it; products summed in double.
+static void emu_wgmma64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc, int tb) {
+    WarpGroup& G = *my_wg;
+    const int me = threadIdx.x % 128;
+    for (int e = 0; e < 4; ++e) G.xa[me][e] = a[e];
+    G.desc[me] = desc;
+    G.bar.arrive_and_wait();
+    if ((desc >> 62) != 1 || ((desc >> 16) & 0x3fff) != 64 || ((desc >> 32) & 0x3fff) != 64) abort();
+    for (int T = 0; T < 128; ++T)
+        if (G.desc[T] != desc) abort();  // one product of the warpgroup
+    float A[64][16], B[16][64];
+    for (int T = 0; T < 128; ++T) {
+        const int w = T / 32, L = T % 32, g = L >> 2, t = L & 3;
+        const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+        for (int e = 0; e < 4; ++e) {
+            A[16 * w + rows[e]][cols[e]] = emu_half(G.xa[T][e] & 0xffff, false);
+            A[16 * w + rows[e]][cols[e] + 1] = emu_half(G.xa[T][e] >> 16, false);
+        }
+    }
+    const unsigned start = (unsigned)(desc & 0x3fff) << 4;
+    for (int k = 0; k < 16; ++k)
+        for (int n = 0; n < 64; ++n) {
+            unsigned at = start + (tb ? k * 128 + 2 * n : n * 128 + 2 * k);
+            at ^= ((at >> 7) & 7) << 4;
+            unsigned short x;
+            memcpy(&x, emu_smem_buf.data() + at, 2);
+            B[k][n] = emu_half(x, false);
+        }
+    G.bar.arrive_and_wait();
+    const int w = me / 32, g = my_lane >> 2, t = my_lane & 3;
+    for (int i = 0; i < 8; ++i)
+        for (int e = 0; e < 4; ++e) {
+            const int r = 16 * w + g + 8 * (e >> 1), col = 8 * i + 2 * t + (e & 1);
+            double sum = d[i][e];
+            for (int k = 0; k < 16; ++k) sum += (double)A[r][k] * B[k][col];
+            d[i][e] = (float)sum;
+        }
+}
 // A launch: blocks one after the other, each on `threads` threads, its shared memory poisoned
 // (all bits set: NaN as f32 and as bf16) so that a read before a write shows.
 template <class F>
@@ -274,12 +327,15 @@ static void emu_launch(long long grid, int threads, long long smem, F f) {
         std::barrier<> bb(threads);
         emu_block_bar = &bb;
         std::vector<Warp> ws(threads / 32);
+        std::vector<std::unique_ptr<WarpGroup>> wgs;
+        for (int g0 = 0; g0 < threads; g0 += 128) wgs.push_back(std::make_unique<WarpGroup>(std::min(128, threads - g0)));
         std::vector<std::thread> th;
         for (int tid = 0; tid < threads; ++tid)
             th.emplace_back([&, tid, b] {
                 threadIdx.x = tid;
                 blockIdx.x = (unsigned)b;
                 my_warp = &ws[tid / 32];
+                my_wg = wgs[tid / 128].get();
                 my_lane = tid % 32;
                 f();
             });

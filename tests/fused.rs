@@ -173,11 +173,12 @@ fn tunings() -> Vec<fused::Tuning> {
             ..Tuning::default()
         },
         // The plain kernel with its planes in one buffer (opt-in), also where two whole stage
-        // buffers would fit.
+        // buffers would fit; on mma.sync alone (as on GPUs before sm_90).
         Tuning {
             regs: Some(true),
             vt: Some(128),
             late_planes: Some(true),
+            wgmma: Some(false),
             ..Tuning::default()
         },
         Tuning {
@@ -185,6 +186,29 @@ fn tunings() -> Vec<fused::Tuning> {
             vt: Some(32),
             split: Some(false),
             late_planes: Some(true),
+            segments: Some(2),
+            ..Tuning::default()
+        },
+        // The warpgroup products (Hopper; elsewhere the same tunings without them), 128 and 64
+        // columns, with the planes in one buffer, and in segments.
+        Tuning {
+            regs: Some(true),
+            vt: Some(128),
+            wgmma: Some(true),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            vt: Some(64),
+            split: Some(false),
+            wgmma: Some(true),
+            late_planes: Some(true),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            vt: Some(128),
+            wgmma: Some(true),
             segments: Some(2),
             ..Tuning::default()
         },
@@ -497,10 +521,10 @@ fn fused_fast_precision_within_fla_error_or_skip_without_gpu() {
     );
 }
 
-/// The fused prefill kernels' CUDA source (chunk_intra, then chunk_recurrent_regs plain and
-/// split) run on the CPU with lanes as threads (dev/fused_emulate.py) against a float64
-/// recurrence: a check that needs no GPU.
+/// The fused prefill kernels' CUDA source (chunk_intra, then chunk_recurrent_regs plain, split and
+/// on warpgroup products) run on the CPU with lanes as threads (dev/fused_emulate.py) against a
+/// float64 recurrence: a check that needs no GPU.
 #[test]
 fn fused_kernel_source_runs_correctly_under_host_emulation() {
-    common::host_emulation_passes("fused_emulate.py", 12);
+    common::host_emulation_passes("fused_emulate.py", 17);
 }

@@ -118,10 +118,14 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
             out.push(compile(&name, &text, arch, &registry::options(&key)?)?);
         }
     }
-    for cfg in standard_configs() {
+    // The warpgroup products exist on sm_90 (as sm_90a) alone.
+    for cfg in standard_configs()
+        .into_iter()
+        .filter(|c| !c.wgmma || arch == "sm_90")
+    {
         for kernel in cfg.kernels() {
             let name = format!(
-                "fused_{}_k{}_v{}_vt{}_{}{}{}{}{}{}{}",
+                "fused_{}_k{}_v{}_vt{}_{}{}{}{}{}{}{}{}",
                 kernel.name(),
                 cfg.dk,
                 cfg.dv,
@@ -142,6 +146,7 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
                 },
                 if cfg.late_planes { "_late" } else { "" },
                 if cfg.row_skip { "_rowskip" } else { "" },
+                if cfg.wgmma { "_wgmma" } else { "" },
                 if cfg.out == DType::F32 {
                     String::new()
                 } else {
@@ -149,7 +154,8 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
                 }
             );
             let text = format!("{}{COMMON}\n{MMA}\n{}", cfg.defines(), kernel.text());
-            out.push(compile(&name, &text, arch, &options(arch, &[]))?);
+            let target = cfg.target(arch);
+            out.push(compile(&name, &text, &target, &options(&target, &[]))?);
         }
     }
     Ok(out)

@@ -99,6 +99,15 @@
 #ifndef ROW_SKIP
 #define ROW_SKIP 0
 #endif
+// WGMMA = 1 (the plain kernel, sm_90a): K H^T, Q H^T and the update as warpgroup products
+// (wgmma, mma.cuh), B read by the tensor cores from K and Q staged in the 128-byte swizzle; the
+// triangular products (a_inv, p) stay on mma.sync. Each warpgroup (four warps, 64 state
+// columns) issues a chunk's K H^T and Q H^T as one batch of 16 PIECES products and the update as
+// one of 8 PIECES, instead of each warp issuing 128 PIECES and 64 PIECES m16n8k16 products with
+// an ldmatrix per two: the chunk step's issue slots were the limit (NOTES-GPU.md).
+#if WGMMA && (SPLIT_OUT || KSPLIT != 1 || ROW_SKIP || VT % 64 != 0 || DK % 64 != 0)
+#error "WGMMA needs the plain kernel (no SPLIT_OUT, KSPLIT or ROW_SKIP), VT and DK multiples of 64"
+#endif
 template <bool B>
 struct Flag {
     static constexpr bool value = B;
@@ -208,7 +217,12 @@ struct Stage {
 };
 // A stage buffer's a_inv and p planes, and its other rows (scalings first: 16-byte aligned).
 __device__ __forceinline__ size_t planes_bytes() { return (size_t)2 * C * SPL * 2; }
+#if WGMMA
+// K and Q first (1024-aligned: every part before them is a multiple of 1024 bytes), unpadded.
+__device__ __forceinline__ size_t rows_bytes() { return (size_t)(2 * C * DK + C * SVR) * 2 + C * 16; }
+#else
 __device__ __forceinline__ size_t rows_bytes() { return (size_t)(2 * C * SK + C * SVR) * 2 + C * 16; }
+#endif
 // Every stage buffer: NBUF of both parts, or with LATE_PLANES one of the planes.
 __device__ __forceinline__ size_t stages_bytes() {
     return LATE_PLANES ? planes_bytes() + NBUF * rows_bytes() : NBUF * (planes_bytes() + rows_bytes());
@@ -219,10 +233,17 @@ __device__ __forceinline__ Stage stage_at(unsigned char* base, int b) {
     unsigned char* rows = LATE_PLANES ? base + planes_bytes() + b * rows_bytes() : planes + planes_bytes();
     s.X = (u16*)planes;
     s.Pm = s.X + C * SPL;
+#if WGMMA
+    s.K = (u16*)rows;
+    s.Q = s.K + C * DK;
+    s.Vr = s.Q + C * DK;
+    s.sc = (float4*)(s.Vr + C * SVR);
+#else
     s.sc = (float4*)rows;
     s.K = (u16*)(s.sc + C);
     s.Q = s.K + C * SK;
     s.Vr = s.Q + C * SK;
+#endif
     return s;
 }
 
@@ -313,6 +334,48 @@ __device__ __forceinline__ void times_planes(float (&acc)[NTT][4], const float (
     }
 }
 
+#if WGMMA
+// kacc = h^T K^T and, with BOTH, qacc = h^T Q^T (64 x 64 each a warpgroup) over all of K: each
+// k16 step's A (h's pieces) from the lane's fragments of h, every product of the chunk in one
+// batch. K and Q at shared addresses kx, qx.
+template <bool BOTH>
+__device__ __forceinline__ void h_times_wg(float (&kacc)[NTT][4], float (&qacc)[NTT][4], const float4* hs,
+                                           unsigned kx, unsigned qx) {
+#pragma unroll
+    for (int a = 0; a < NTT; ++a)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) kacc[a][e] = qacc[a][e] = 0.0f;
+    // k16 steps a batch: all of K, or with three pieces half of it (their A operands and the
+    // two accumulators would not fit the registers together).
+    constexpr int KBG = PIECES > 2 ? DK / 32 : DK / 16;
+#pragma unroll
+    for (int kb0 = 0; kb0 < DK / 16; kb0 += KBG) {
+        APieces ah[KBG];
+#pragma unroll
+        for (int i = 0; i < KBG; ++i) {
+            const int kb = kb0 + i;
+            const float4 x0 = hs[2 * kb * 32], x1 = hs[(2 * kb + 1) * 32];
+            const float f0[4] = {x0.x, x0.y, x0.z, x0.w}, f1[4] = {x1.x, x1.y, x1.z, x1.w};
+            ah[i] = a_from_acc(f0, f1);
+        }
+        wg_pin(kacc);
+        wg_pin(qacc);
+        wg_fence();
+#pragma unroll
+        for (int i = 0; i < KBG; ++i)
+#pragma unroll
+            for (int pc = PIECES - 1; pc >= 0; --pc) {
+                wgmma64<0>(kacc, ah[i].p[pc], desc_xt(kx, kb0 + i));
+                if (BOTH) wgmma64<0>(qacc, ah[i].p[pc], desc_xt(qx, kb0 + i));
+            }
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(kacc);
+        wg_pin(qacc);
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(const RecParams P) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const u16* __restrict__ q = (const u16*)P.q;
@@ -332,7 +395,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
     const i64* __restrict__ seq_first_chunk = (const i64*)P.seq_first_chunk;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int grp = warp % GROUPS, role = warp / GROUPS;
-    const bool state_warp = role < KSPLIT;  // else this group's output warp (SPLIT_OUT)
+#if WGMMA
+    if (smem_addr(smem_raw) & 1023u) __trap();  // the swizzled atoms need 1024-byte alignment
+#endif
+    const bool state_warp = (WGMMA && !SPLIT_OUT) || role < KSPLIT;  // else an output warp
     // This state warp's half of K (KSPLIT = 2): tiles [nd0, nd0 + NDH) of h^T.
     const int half = state_warp ? role : 0, nd0 = half * NDH;
     const i64 hv = P.hv, tiles = DV / VT, kv = (i64)DK * DV;
@@ -410,8 +476,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             const int tid = threadIdx.x - (SPLIT_OUT ? KSPLIT * GROUPS * 32 : 0);
             const Stage st = stage_at(smem_raw, b);
             if (what & 1) {
+#if WGMMA
+                stage_rows_sw128<STAGERS>(smem_addr(st.K), k + (start * P.h + kh) * DK, P.h * DK, len, tid);
+                stage_rows_sw128<STAGERS>(smem_addr(st.Q), q + (start * P.h + kh) * DK, P.h * DK, len, tid);
+#else
                 stage_rows_by<u16, DK, STAGERS>(st.K, SK, k + (start * P.h + kh) * DK, P.h * DK, len, tid);
                 stage_rows_by<u16, DK, STAGERS>(st.Q, SK, q + (start * P.h + kh) * DK, P.h * DK, len, tid);
+#endif
             }
             if (what & 2) {
                 // a_inv and p plane by plane (64 bf16 each: the pieces of a row divide the
@@ -471,6 +542,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             const bool emit = ci >= cs;  // else a warm-up chunk: the state only
             const int b = NBUF == 2 ? (int)((ci - c_from) & 1) : 0;
             cp_async_wait<0>();
+#if WGMMA
+            fence_proxy_async();  // the staged K and Q are read by the tensor cores
+#endif
             // This chunk's rows are visible to every warp, and every warp is past chunk ci - 1,
             // the last reader of the other buffer.
             __syncthreads();
@@ -552,6 +626,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 }
 #elif SPLIT_OUT
                 h_times<DK / 16, !whole>(kh_, hs, Kr, 0, len);
+#elif WGMMA
+                // Q H^T in warm-up chunks too: no warpgroup product under a branch the compiler
+                // cannot prove uniform (it would serialize them all).
+                h_times_wg<true>(kh_, qh, hs, smem_addr(st.K), smem_addr(st.Q));
 #else
                 if (emit) {
                     h_times2<!whole>(kh_, qh, hs, Kr, Qr, len);
@@ -649,6 +727,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     }
                     aw[kb] = a_from_acc(w0, w1);
                 }
+#if WGMMA
+                // Per 64 columns of K (one swizzle atom of the staged K), one batch of products.
+#pragma unroll
+                for (int nh = 0; nh < DK / 64; ++nh) {
+                    float h[8][4];
+#pragma unroll
+                    for (int x = 0; x < 8; ++x) {
+                        const float4 y = hs[32 * (8 * nh + x)];
+                        h[x][0] = y.x * d_last;
+                        h[x][1] = y.y * d_last;
+                        h[x][2] = y.z * d_last;
+                        h[x][3] = y.w * d_last;
+                    }
+                    wg_pin(h);
+                    wg_fence();
+#pragma unroll
+                    for (int kb = 0; kb < C / 16; ++kb)
+#pragma unroll
+                        for (int pc = PIECES - 1; pc >= 0; --pc) wgmma64<1>(h, aw[kb].p[pc], desc_x(smem_addr(st.K), kb, nh));
+                    wg_commit();
+                    wg_wait<0>();
+                    wg_pin(h);
+#pragma unroll
+                    for (int x = 0; x < 8; ++x) hs_up[32 * (8 * nh + x)] = make_float4(h[x][0], h[x][1], h[x][2], h[x][3]);
+                }
+#else
                 // UPD tiles of h^T at a time: that many independent accumulator chains (two
                 // left the update waiting on each tensor-core result).
 #pragma unroll
@@ -679,6 +783,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #pragma unroll
                     for (int x = 0; x < UPD; ++x) hs_up[32 * (ndu + x)] = make_float4(h[x][0], h[x][1], h[x][2], h[x][3]);
                 }
+#endif
             }
 #if NBUF == 1
             __syncthreads();  // every warp is done with the buffer before it is refilled

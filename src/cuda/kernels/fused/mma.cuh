@@ -425,3 +425,84 @@ __device__ __forceinline__ void store_pieces(unsigned short* dst, int plane, flo
 #pragma unroll
     for (int i = 0; i < PIECES; ++i) dst[i * plane] = (unsigned short)p[i];
 }
+
+// Warpgroup products (wgmma, sm_90a; WGMMA = 1): four consecutive warps starting at a multiple
+// of four issue one product together, each warp giving 16 rows of the register A operand in the
+// fragment of mma.sync's A (a_from_acc) and receiving 16 rows of the result in mma.sync's C
+// fragments, so that they stand in for a warp's m16n8k16 products tile for tile. B is read by the
+// tensor cores from shared memory through a descriptor: 64 rows of bf16 in 128-byte lines, each
+// 64-column atom (8 KB, 1024-aligned) with its 16-byte pieces swizzled by the row (piece c of
+// row r at c ^ (r % 8)), as stage_rows_sw128 writes them.
+#ifndef WGMMA
+#define WGMMA 0
+#endif
+#if WGMMA
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+// Pins an accumulator's registers at this point of the program: before a batch of products (no
+// write to them sinks below its issue) and after its wait (no read of the results rises above
+// it), as the compiler does not know that the wait is what delivers them.
+__device__ __forceinline__ void wg_pin(float (&d)[8][4]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+// Orders this thread's ordinary (generic-proxy) writes to shared memory, cp.async included,
+// before the tensor cores' (async-proxy) reads of it that follow the next barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Descriptor of a 64-row operand at shared address `a` in the 128-byte swizzle: 8-row groups
+// 1024 bytes apart. Both byte offsets are 1024: a k16 step spans two 8-row groups along K of an
+// MN-major operand, and n = 64 stays within one atom, so which field the hardware takes for which
+// stride does not matter here.
+__device__ __forceinline__ u64 wg_desc(unsigned a) {
+    return (u64)((a & 0x3FFFFu) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+// B = X^T for the k16 step kb (columns 16 kb .. of X, [64][DK] swizzled): K-major.
+__device__ __forceinline__ u64 desc_xt(unsigned x, int kb) { return wg_desc(x + (kb >> 2) * 8192 + (kb & 3) * 32); }
+// B = X's rows 16 kb .. (the k16 step) and columns 64 nh .. (n64): MN-major.
+__device__ __forceinline__ u64 desc_x(unsigned x, int kb, int nh) { return wg_desc(x + nh * 8192 + kb * 2048); }
+// d += a b, a 64 x 16 (registers), b 16 x 64 (descriptor; TB = 1: MN-major), f32 accumulate.
+template <int TB>
+__device__ __forceinline__ void wgmma64(float (&d)[8][4], const unsigned (&a)[4], u64 desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1), "n"(TB));
+}
+// cp_async16 to the shared-space address s.
+__device__ __forceinline__ void cp_async16_to(unsigned s, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+// Copies rows [0, 64) x DK bf16 of a row-major global matrix into the swizzled layout above at
+// shared address `x` (rows >= len zero), by NT threads (this one `tid`), as stage_rows_by.
+template <int NT>
+__device__ __forceinline__ void stage_rows_sw128(unsigned x, const unsigned short* src, i64 src_stride, int len,
+                                                 int tid) {
+    constexpr int per_row = DK / 8;
+    static_assert(NT % per_row == 0 && DK % 64 == 0, "whole rows of 64-column atoms");
+    constexpr int step = NT / per_row;
+    constexpr int iters = (64 + step - 1) / step;
+    const int r0 = tid / per_row, c = tid % per_row;
+    const unsigned short* s = src + r0 * src_stride + 8 * c;
+    const i64 s_step = step * src_stride;
+#pragma unroll 4
+    for (int it = 0; it < iters; ++it) {
+        const int i = r0 + it * step;
+        if (64 % step == 0 || i < 64)
+            cp_async16_to(x + (c >> 3) * 8192 + i * 128 + (((c & 7) ^ (i & 7)) << 4), i < len ? s : src, i < len);
+        s += s_step;
+    }
+}
+#endif
