@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# The wgmma build by default (b879877) against this one: Q H^T left running beside v_new (fast)
-# and formed apart, just before the output (exact: no spills). Was: (QH_LATE, the fast
-# precision), checked and timed: (1) every check of a default build (selftest on the vectors,
-# fused_equals, non-finite rows, engine, racecheck and memcheck); (2) A/B of the two builds
-# (deltanet_base = b879877), interleaved, both precisions; (3) the issue shapes with FLA in the
-# same call; (4) time per token from T=16K to 512K.
+# The wgmma build by default (deltanet_base = b879877) against this one: Q H^T left running
+# beside v_new (fast) and formed apart just before the output (exact: no spills). (1) Every check
+# of a default build (selftest on the vectors, fused_equals, the fast test, non-finite rows,
+# engine, racecheck and memcheck); (2) A/B of the two builds, interleaved, both precisions;
+# (3) the issue shapes with FLA in the same call; (4) time per token from T=16K to 512K.
 # run(command="bash .dev/all/callBP.sh", carry=[".dev/all", ".gpu/fla", ".gpu/anchors.py", ".gpu/vectors"])
 cd "$(dirname "$0")"
 TOP=$PWD/../..
