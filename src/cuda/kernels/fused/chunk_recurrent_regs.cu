@@ -335,29 +335,25 @@ __device__ __forceinline__ void times_planes(float (&acc)[NTT][4], const float (
 }
 
 #if WGMMA
-// How Q H^T is formed beside K H^T. One piece (fast): one batch of both, Q H^T as a second
-// group left running beside v_new until qh_wait. Three pieces (exact): K H^T at the chunk's
-// start and Q H^T apart, just before the output (qh_apart), h split a second time: with both
-// accumulators live through v_new the registers did not suffice (ptxas spilled).
+// With one batch of products (PIECES < 3: fast), Q H^T is issued as a second group after K H^T
+// and left running beside v_new until qh_wait (NOTES-GPU.md, call BP: 3 % faster). With three
+// pieces (exact) both go in batches of half of K, waited for at once: forming Q H^T apart just
+// before the output (h split a second time) avoided ptxas's 92 bytes of spills but measured 5-7 %
+// slower (call BP).
 #define QH_LATE (PIECES < 3)
-// h^T K^T into kacc (WHICH & 1) and h^T Q^T into qacc (WHICH & 2), 64 x 64 each a warpgroup,
-// over all of K: each k16 step's A (h's pieces) from the lane's fragments of h, the products of
-// a batch issued together. K and Q at shared addresses kx, qx. With QH_LATE and both, Q H^T is
-// left running (qh_wait).
-template <int WHICH>
+// kacc = h^T K^T and qacc = h^T Q^T (64 x 64 each a warpgroup) over all of K: each k16 step's A
+// (h's pieces) from the lane's fragments of h, the products of a batch issued together. K and
+// Q at shared addresses kx, qx.
 __device__ __forceinline__ void h_times_wg(float (&kacc)[NTT][4], float (&qacc)[NTT][4], const float4* hs,
                                            unsigned kx, unsigned qx) {
 #pragma unroll
     for (int a = 0; a < NTT; ++a)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            if (WHICH & 1) kacc[a][e] = 0.0f;
-            if (WHICH & 2) qacc[a][e] = 0.0f;
-        }
-    // k16 steps a batch: all of K, or with three pieces half of it.
+        for (int e = 0; e < 4; ++e) kacc[a][e] = qacc[a][e] = 0.0f;
+    // k16 steps a batch: all of K, or with three pieces half of it (their A operands and the
+    // two accumulators would not fit the registers together).
     constexpr int KBG = PIECES > 2 ? DK / 32 : DK / 16;
-    constexpr bool late = QH_LATE && WHICH == 3;
-    static_assert(!late || KBG == DK / 16, "Q H^T left running: one batch");
+    static_assert(!QH_LATE || KBG == DK / 16, "Q H^T left running: one batch");
 #pragma unroll
     for (int kb0 = 0; kb0 < DK / 16; kb0 += KBG) {
         APieces ah[KBG];
@@ -368,31 +364,35 @@ __device__ __forceinline__ void h_times_wg(float (&kacc)[NTT][4], float (&qacc)[
             const float f0[4] = {x0.x, x0.y, x0.z, x0.w}, f1[4] = {x1.x, x1.y, x1.z, x1.w};
             ah[i] = a_from_acc(f0, f1);
         }
-        if (WHICH & 1) wg_pin(kacc);
-        if (WHICH & 2) wg_pin(qacc);
+        wg_pin(kacc);
+        wg_pin(qacc);
         wg_fence();
-        if (WHICH & 1) {
+        if (QH_LATE) {
 #pragma unroll
             for (int i = 0; i < KBG; ++i)
 #pragma unroll
                 for (int pc = PIECES - 1; pc >= 0; --pc) wgmma64<0>(kacc, ah[i].p[pc], desc_xt(kx, kb0 + i));
-            if (late) wg_commit();
-        }
-        if (WHICH & 2) {
+            wg_commit();
 #pragma unroll
             for (int i = 0; i < KBG; ++i)
 #pragma unroll
                 for (int pc = PIECES - 1; pc >= 0; --pc) wgmma64<0>(qacc, ah[i].p[pc], desc_xt(qx, kb0 + i));
-        }
-        wg_commit();
-        if (late) {
+            wg_commit();
             wg_wait<1>();
             wg_pin(kacc);
             return;
         }
+#pragma unroll
+        for (int i = 0; i < KBG; ++i)
+#pragma unroll
+            for (int pc = PIECES - 1; pc >= 0; --pc) {
+                wgmma64<0>(kacc, ah[i].p[pc], desc_xt(kx, kb0 + i));
+                wgmma64<0>(qacc, ah[i].p[pc], desc_xt(qx, kb0 + i));
+            }
+        wg_commit();
         wg_wait<0>();
-        if (WHICH & 1) wg_pin(kacc);
-        if (WHICH & 2) wg_pin(qacc);
+        wg_pin(kacc);
+        wg_pin(qacc);
     }
 }
 // Q H^T where it was left running (QH_LATE).
@@ -655,10 +655,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #elif SPLIT_OUT
                 h_times<DK / 16, !whole>(kh_, hs, Kr, 0, len);
 #elif WGMMA
-                // K H^T, and with QH_LATE Q H^T (left running): in warm-up chunks too, as no
-                // warpgroup product may sit under a branch the compiler cannot prove uniform (it
-                // would serialize them all).
-                h_times_wg<QH_LATE ? 3 : 1>(kh_, qh, hs, smem_addr(st.K), smem_addr(st.Q));
+                // K H^T and Q H^T (with QH_LATE left running): Q H^T in warm-up chunks too, as
+                // no warpgroup product may sit under a branch the compiler cannot prove uniform
+                // (it would serialize them all).
+                h_times_wg(kh_, qh, hs, smem_addr(st.K), smem_addr(st.Q));
 #else
                 if (emit) {
                     h_times2<!whole>(kh_, qh, hs, Kr, Qr, len);
@@ -732,12 +732,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             }
 #else
 #if WGMMA
-            if (QH_LATE) {
-                qh_wait(qh);
-            } else {
-                float unused[NTT][4];
-                h_times_wg<2>(unused, qh, hs, smem_addr(st.K), smem_addr(st.Q));
-            }
+            qh_wait(qh);
 #endif
             if (emit) {
                 scale_qh(qh);
