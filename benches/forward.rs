@@ -1,7 +1,7 @@
 //! Criterion benches of the CPU forward and decode step at Qwen3-Next's layer shape.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use deltanet::{forward, recurrent_step, Device, Inputs, Options, Tensor};
+use deltanet::{forward, recurrent_step, Device, Inputs, Options, Problem, Tensor};
 
 /// Deterministic pseudo-random values in [-0.5, 0.5) (no RNG dependency needed for a bench).
 fn values(n: usize, seed: u32) -> Vec<f32> {
@@ -42,6 +42,16 @@ fn prefill(c: &mut Criterion) {
     let mut group = c.benchmark_group("prefill_f32_B1_T4096_H16_HV32_K128_V128");
     group.sample_size(10);
     group.throughput(Throughput::Elements((b * t) as u64));
+    group.bench_function("cpu_chunked", |bench| {
+        bench.iter(|| forward(&Device::Cpu, &x, &opts).unwrap())
+    });
+    group.finish();
+    // The same forward with the chunked algorithm's FLOPs as criterion's elements: its
+    // "elem/s" are FLOP/s (`Problem::prefill_flops`), beside the tokens/s above.
+    let flops = Problem::from_inputs(&x, &opts).unwrap().prefill_flops();
+    let mut group = c.benchmark_group("prefill_f32_B1_T4096_H16_HV32_K128_V128_flops");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(flops as u64));
     group.bench_function("cpu_chunked", |bench| {
         bench.iter(|| forward(&Device::Cpu, &x, &opts).unwrap())
     });

@@ -384,6 +384,45 @@ impl Problem {
         &self.seqs
     }
 
+    /// Floating-point operations of the chunked forward, counting the block products as the
+    /// chunked algorithm computes them (dense, masked halves included; a multiply-add is 2), per
+    /// value head and chunk of c tokens, with K = dk and V = dv:
+    ///
+    /// ```text
+    /// A_strict = beta K K^T                      2 c^2 K
+    /// A_inv    = (I + A_strict)^-1               c^3 / 3   (unit lower-triangular inverse)
+    /// w        = A_inv (beta exp(gamma) K)       2 c^2 K
+    /// u        = A_inv (beta V)                  2 c^2 V
+    /// v_new    = u - w h                         2 c K V
+    /// h       <- exp(gamma_c) h + K^T v_new      2 c K V
+    /// o        = Q h + (Q K^T, masked) v_new     2 c K V + 2 c^2 K + 2 c^2 V
+    /// total      6 c^2 K + 4 c^2 V + 6 c K V + c^3 / 3
+    /// ```
+    ///
+    /// Elementwise work (gates, cumulative sums, l2norm, scales) is linear in c and left out.
+    /// The benchmarks' GFLOP/s divide this by the time.
+    ///
+    /// ```
+    /// use deltanet::{Dims, Options, Problem};
+    /// let dims = Dims { batch: 1, seq_len: 4096, heads: 16, v_heads: 32, dk: 128, dv: 128 };
+    /// let p = Problem::new(dims, None, &Options::default())?;
+    /// // 64 chunks of 64 tokens, 32 value heads: 2.38e10.
+    /// assert!((p.prefill_flops() - 2.3801e10).abs() < 1e7);
+    /// # Ok::<(), deltanet::Error>(())
+    /// ```
+    pub fn prefill_flops(&self) -> f64 {
+        let (k, v) = (self.dk() as f64, self.dv() as f64);
+        let per_head: f64 = self
+            .chunks()
+            .iter()
+            .map(|ch| {
+                let c = ch.len as f64;
+                6.0 * c * c * k + 4.0 * c * c * v + 6.0 * c * k * v + c * c * c / 3.0
+            })
+            .sum();
+        per_head * self.v_heads() as f64
+    }
+
     /// All chunks, sequence by sequence.
     pub fn chunks(&self) -> &[Chunk] {
         &self.chunks

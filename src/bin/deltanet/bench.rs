@@ -120,35 +120,6 @@ fn varlen_cu_seqlens(n: usize, t: usize) -> Vec<i64> {
     cu
 }
 
-/// Floating-point operations of the chunked forward of `p`, counting the block products as the
-/// chunked algorithm computes them (dense, masked halves included; a multiply-add is 2), per
-/// value head and chunk of c tokens, with K = dk and V = dv:
-///
-/// ```text
-/// A_strict = beta K K^T                      2 c^2 K
-/// A_inv    = (I + A_strict)^-1               c^3 / 3   (unit lower-triangular inverse)
-/// w        = A_inv (beta exp(gamma) K)       2 c^2 K
-/// u        = A_inv (beta V)                  2 c^2 V
-/// v_new    = u - w h                         2 c K V
-/// h       <- exp(gamma_c) h + K^T v_new      2 c K V
-/// o        = Q h + (Q K^T, masked) v_new     2 c K V + 2 c^2 K + 2 c^2 V
-/// total      6 c^2 K + 4 c^2 V + 6 c K V + c^3 / 3
-/// ```
-///
-/// Elementwise work (gates, cumulative sums, l2norm, scales) is linear in c and left out.
-fn prefill_flops(p: &Problem) -> f64 {
-    let (k, v) = (p.dk() as f64, p.dv() as f64);
-    let per_head: f64 = p
-        .chunks()
-        .iter()
-        .map(|ch| {
-            let c = ch.len as f64;
-            6.0 * c * c * k + 4.0 * c * c * v + 6.0 * c * k * v + c * c * c / 3.0
-        })
-        .sum();
-    per_head * p.v_heads() as f64
-}
-
 /// B, T, H, HV, K, V.
 #[derive(Clone, Copy, Debug)]
 pub struct Shape([usize; 6]);
@@ -490,7 +461,7 @@ fn bench_on<D: HostIo>(
                 times_ms: times,
                 tokens: Some(p.tokens()),
                 bytes: None,
-                flops: Some(prefill_flops(&p)),
+                flops: Some(p.prefill_flops()),
             });
         }
         if works.contains(&Work::SolveTril) {
@@ -634,7 +605,7 @@ fn bench_ranks(
         times_ms,
         tokens: tokens.then(|| p.tokens()),
         bytes: None,
-        flops: tokens.then(|| prefill_flops(&p)),
+        flops: tokens.then(|| p.prefill_flops()),
     };
     Ok(vec![
         row("prefill host", one, true),
@@ -777,6 +748,6 @@ mod tests {
                 + 2.0 * c * k * v + 2.0 * c * c * k + 2.0 * c * c * v // o
         };
         let want = 2.0 * (chunk(64.0) + chunk(36.0));
-        assert!((prefill_flops(&p) - want).abs() <= 1e-9 * want);
+        assert!((p.prefill_flops() - want).abs() <= 1e-9 * want);
     }
 }
