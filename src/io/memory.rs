@@ -7,26 +7,27 @@ use crate::error::{Error, Result};
 use crate::options::Options;
 use crate::problem::Problem;
 
-/// Bytes of host memory the forward of `p` needs beyond its inputs, roughly: the f32 copies of
-/// the inputs, the per-token intermediates, the chunk states and the outputs.
+/// Bytes of host memory the forward of `p` needs beyond its inputs, roughly: f32 copies of the
+/// inputs (the CPU's fused forward reads them in place; an upload may widen them), the output `o`
+/// in f32, the states and, when asked for, the chunk states. The chunked intermediates (`w`, `u`,
+/// `v_new`, `A_inv`) are never held for a whole problem on the host: the fused forwards keep them
+/// per chunk, and the stage path keeps them on its device.
 pub fn forward_bytes(p: &Problem, opts: &Options) -> u128 {
     let tokens = p.tokens() as u128;
-    let (h, hv, k, v, bt) = (
+    let (h, hv, k, v) = (
         p.heads() as u128,
         p.v_heads() as u128,
         p.dk() as u128,
         p.dv() as u128,
-        p.chunk_size() as u128,
     );
     let states = (p.num_seqs() as u128) * hv * k * v;
-    let per_token = 4 * h * k + hv * (3 * v + k + 2 * bt + 8);
-    let chunk_states = (p.chunks().len() as u128) * hv * k * v;
-    let extra = if opts.output_chunk_states {
-        chunk_states
+    let inputs = 2 * h * k + hv * (v + 2);
+    let chunk_states = if opts.output_chunk_states {
+        (p.chunks().len() as u128) * hv * k * v
     } else {
         0
     };
-    4 * (tokens * per_token + chunk_states + extra + 3 * states)
+    4 * (tokens * (inputs + hv * v) + chunk_states + 3 * states)
 }
 
 /// The memory this machine can give now (`MemAvailable`), when it can be read.
