@@ -5,6 +5,7 @@ mma.sync, wgmma (its swizzled shared-memory operand as the shim models it), ldma
 cp.async written out, each cp.async landing only at the wait that covers its group), driven by
 fused_emulate_driver.cpp against a float64 recurrence. No GPU needed:
     python3 dev/fused_emulate.py [cases]   (12 by default; needs g++ with C++20)
+    EMU_TRI_SKIP=1: the WG_TRI configuration with TRI_SKIP (n = 64 - 16 kb)
     EMU_CONFS=14,15 python3 dev/fused_emulate.py 17   (only those configurations' cases)
 A kernel change can so be checked before device time is spent on it (it is slow: small shapes)."""
 import os
@@ -39,7 +40,7 @@ def replace_asm(src):
         ("wgmma.commit_group", "emu_fence();"),
         ("wgmma.wait_group", "emu_fence();"),
         ("fence.proxy.async", "emu_fence();"),
-        ("{\\n.reg .pred p;", "emu_wgmma64(d, a, desc, TB);"),
+        ("{\\n.reg .pred p;", "emu_wgmma(d, a, desc, TB, NW);"),
         ("bar.arrive", "emu_bar_arrive(id, n);"),
         ("bar.sync", "emu_bar_sync(id, n);"),
     ]
@@ -98,7 +99,12 @@ def main():
              (32, 32, 32, 0, 0, 0, 1), (64, 48, 16, 0, 0, 0, 1)]
     # The warpgroup products (WGMMA): K a multiple of 64, 64 or 128 columns a block, the plain
     # kernel without the row skip; the last with its planes in one buffer.
-    wg_confs = [(64, 64, 64, 0, 0, 0, 0), (128, 128, 128, 0, 0, 0, 0), (64, 128, 64, 0, 0, 0, 1)]
+    wg_confs = [(64, 64, 64, 0, 0, 0, 0), (128, 128, 128, 0, 0, 0, 0), (64, 128, 64, 0, 0, 0, 1),
+                (128, 64, 64, 0, 0, 0, 1)]
+    # WG_TRI (the triangular products on wgmma too) on the last, and, from the environment, its
+    # row skip (EMU_TRI_SKIP=1: n = 64 - 16 kb).
+    tri = {len(confs) + 3}
+    tri_skip = os.environ.get("EMU_TRI_SKIP", "0")
     confs = confs + wg_confs
     first_wg = len(confs) - len(wg_confs)
     entries = []
@@ -108,7 +114,8 @@ def main():
              f"#define PIECES 3\n#define SPLIT_OUT {split}\n#define OUT_T 0\n#define KSPLIT {1 + ksplit}\n"
              f"#define HBUF {1 + hbuf}\n#define LATE_PLANES {late}\n"
              # Every other configuration with short chunks' empty row blocks skipped.
-             f"#define ROW_SKIP {0 if n >= first_wg else n % 2}\n#define WGMMA {int(n >= first_wg)}\n")
+             f"#define ROW_SKIP {0 if n >= first_wg else n % 2}\n#define WGMMA {int(n >= first_wg)}\n"
+             f"#define WG_TRI {int(n in tri)}\n#define TRI_SKIP {tri_skip}\n")
         for kernel, fn in [("chunk_intra.cu", "chunk_intra"), ("chunk_recurrent_regs.cu", "chunk_recurrent_regs")]:
             name = f"{fn}_{n}"
             threads = "256" if fn == "chunk_intra" else "THREADS"

@@ -273,12 +273,13 @@ static void emu_ldsm(unsigned (&r)[4], unsigned addr, bool trans) {
     w.bar.arrive_and_wait();
 }
 static void __trap() { abort(); }
-// wgmma m64n64k16 (bf16, f32 accumulate; A from registers, B through a shared-memory
-// descriptor in the 128-byte swizzle): the 128 lanes' A fragments gathered into A (64 x 16);
-// B (16 x 64) read at the descriptor's address, K-major (tb = 0: element (k, n) at n * 128 +
-// 2 k) or MN-major (tb = 1: at k * 128 + 2 n), each address's 16-byte piece swizzled by its
-// 128-byte line (bits 4-6 xor bits 7-9), as the hardware reads it; products summed in double.
-static void emu_wgmma64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc, int tb) {
+// wgmma m64nNk16, N = 8 nw (bf16, f32 accumulate; A from registers, B through a shared-memory
+// descriptor in the 128-byte swizzle) into the last nw tiles of d: the 128 lanes' A fragments
+// gathered into A (64 x 16); B (16 x N) read at the descriptor's address, K-major (tb = 0:
+// element (k, n) at n * 128 + 2 k) or MN-major (tb = 1: at k * 128 + 2 n), each address's 16-byte
+// piece swizzled by its 128-byte line (bits 4-6 xor bits 7-9), as the hardware reads it; products
+// summed in double.
+static void emu_wgmma(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc, int tb, int nw) {
     WarpGroup& G = *my_wg;
     const int me = threadIdx.x % 128;
     for (int e = 0; e < 4; ++e) G.xa[me][e] = a[e];
@@ -298,7 +299,7 @@ static void emu_wgmma64(float (&d)[8][4], const unsigned (&a)[4], unsigned long 
     }
     const unsigned start = (unsigned)(desc & 0x3fff) << 4;
     for (int k = 0; k < 16; ++k)
-        for (int n = 0; n < 64; ++n) {
+        for (int n = 0; n < 8 * nw; ++n) {
             unsigned at = start + (tb ? k * 128 + 2 * n : n * 128 + 2 * k);
             at ^= ((at >> 7) & 7) << 4;
             unsigned short x;
@@ -307,9 +308,9 @@ static void emu_wgmma64(float (&d)[8][4], const unsigned (&a)[4], unsigned long 
         }
     G.bar.arrive_and_wait();
     const int w = me / 32, g = my_lane >> 2, t = my_lane & 3;
-    for (int i = 0; i < 8; ++i)
+    for (int i = 8 - nw; i < 8; ++i)
         for (int e = 0; e < 4; ++e) {
-            const int r = 16 * w + g + 8 * (e >> 1), col = 8 * i + 2 * t + (e & 1);
+            const int r = 16 * w + g + 8 * (e >> 1), col = 8 * (i - (8 - nw)) + 2 * t + (e & 1);
             double sum = d[i][e];
             for (int k = 0; k < 16; ++k) sum += (double)A[r][k] * B[k][col];
             d[i][e] = (float)sum;

@@ -212,6 +212,14 @@ fn tunings() -> Vec<fused::Tuning> {
             segments: Some(2),
             ..Tuning::default()
         },
+        // The triangular products on warpgroup products too (opt-in).
+        Tuning {
+            regs: Some(true),
+            vt: Some(128),
+            wgmma: Some(true),
+            wg_tri: Some(true),
+            ..Tuning::default()
+        },
     ]
 }
 
@@ -526,5 +534,5 @@ fn fused_fast_precision_within_fla_error_or_skip_without_gpu() {
 /// float64 recurrence: a check that needs no GPU.
 #[test]
 fn fused_kernel_source_runs_correctly_under_host_emulation() {
-    common::host_emulation_passes("fused_emulate.py", 17);
+    common::host_emulation_passes("fused_emulate.py", 18);
 }

@@ -139,6 +139,8 @@ pub struct Config {
     /// The plain `chunk_recurrent_regs` with K H^T, Q H^T and the update as warpgroup products
     /// (`WGMMA`: wgmma, compiled for `sm_90a`; Hopper only).
     pub wgmma: bool,
+    /// With `wgmma`: the triangular products (`a_inv`, `p`) as warpgroup products too (`WG_TRI`).
+    pub wg_tri: bool,
 }
 
 impl Config {
@@ -148,7 +150,7 @@ impl Config {
             "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
              #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n\
              #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n#define HBUF {}\n#define LATE_PLANES {}\n\
-             #define ROW_SKIP {}\n#define WGMMA {}\n",
+             #define ROW_SKIP {}\n#define WGMMA {}\n#define WG_TRI {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -166,6 +168,7 @@ impl Config {
             i32::from(self.late_planes),
             i32::from(self.row_skip),
             i32::from(self.wgmma),
+            i32::from(self.wg_tri),
         )
     }
 
@@ -234,7 +237,12 @@ impl Config {
                 // With `wgmma` the K and Q rows are unpadded (the swizzle spreads the banks).
                 let sk = self.dk + if self.wgmma { 0 } else { 8 };
                 let (spl, svr) = (self.pieces * CHUNK + 8, self.vt + 8);
-                let planes = 2 * CHUNK * spl * 2;
+                // With `wg_tri` the planes are unpadded swizzled atoms (8 KB each).
+                let planes = if self.wg_tri {
+                    2 * self.pieces * 8192
+                } else {
+                    2 * CHUNK * spl * 2
+                };
                 let rows = (2 * CHUNK * sk + CHUNK * svr) * 2 + CHUNK * 16;
                 let stages = if self.late_planes {
                     planes + self.nbuf * rows
@@ -314,6 +322,7 @@ pub fn standard_configs() -> Vec<Config> {
         late_planes: false,
         row_skip: false,
         wgmma: false,
+        wg_tri: false,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -372,6 +381,23 @@ pub fn standard_configs() -> Vec<Config> {
         regs: true,
         pieces: 1,
         wgmma: true,
+        out: DType::BF16,
+        ..config(128, 128, 128, DType::BF16, 2, false)
+    });
+    // And with the triangular products on them too (opt-in).
+    v.push(Config {
+        regs: true,
+        late_planes: true,
+        wgmma: true,
+        wg_tri: true,
+        out: DType::BF16,
+        ..config(128, 128, 128, DType::BF16, 2, false)
+    });
+    v.push(Config {
+        regs: true,
+        pieces: 1,
+        wgmma: true,
+        wg_tri: true,
         out: DType::BF16,
         ..config(128, 128, 128, DType::BF16, 2, false)
     });
@@ -507,6 +533,9 @@ pub struct Tuning {
     /// The plain `chunk_recurrent_regs` on warpgroup products (wgmma) where it applies (an
     /// sm_90 GPU, K a multiple of 64, 64 or 128 columns a block); by default there.
     pub wgmma: Option<bool>,
+    /// With the warpgroup products: the triangular ones (`a_inv`, `p`) on them too; off by
+    /// default (host-emulated; its first GPU measurement is pending, NOTES-GPU.md).
+    pub wg_tri: Option<bool>,
 }
 
 impl Tuning {
@@ -514,7 +543,8 @@ impl Tuning {
     /// `DELTANET_FUSED_WIDE=0|1`, `DELTANET_FUSED_MMA=0`, `DELTANET_FUSED_REGS=0|1`,
     /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`,
     /// `DELTANET_FUSED_HBUF=0|1`, `DELTANET_FUSED_SEGMENTS`, `DELTANET_FUSED_LATE=0|1`,
-    /// `DELTANET_FUSED_BLOCKS`, `DELTANET_FUSED_ROWSKIP=0|1`, `DELTANET_FUSED_WGMMA=0|1`.
+    /// `DELTANET_FUSED_BLOCKS`, `DELTANET_FUSED_ROWSKIP=0|1`, `DELTANET_FUSED_WGMMA=0|1`,
+    /// `DELTANET_FUSED_WGTRI=0|1`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -539,6 +569,7 @@ impl Tuning {
             max_blocks: num("DELTANET_FUSED_BLOCKS"),
             row_skip: flag("DELTANET_FUSED_ROWSKIP"),
             wgmma: flag("DELTANET_FUSED_WGMMA"),
+            wg_tri: flag("DELTANET_FUSED_WGTRI"),
         }
     }
 }
@@ -584,6 +615,7 @@ fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &
         late_planes: false,
         row_skip: false,
         wgmma: false,
+        wg_tri: false,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -684,6 +716,7 @@ fn regs_config_for(
             .row_skip
             .unwrap_or_else(|| !split && short_chunks_share(p) >= ROW_SKIP_SHARE),
         wgmma: false,
+        wg_tri: false,
     };
     // The warpgroup products wherever they apply (the plain kernel on an sm_90 GPU; whole
     // chunks: no row skip there). Measured on an H100 (NOTES-GPU.md, call BO): the recurrent
@@ -697,6 +730,7 @@ fn regs_config_for(
     {
         cfg.wgmma = true;
         cfg.row_skip = false;
+        cfg.wg_tri = tuning.wg_tri == Some(true);
     }
     let max = dev.max_shared_per_block();
     // Where two whole stage buffers do not fit beside the plain kernel's state (the exact

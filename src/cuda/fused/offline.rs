@@ -146,7 +146,11 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
                 },
                 if cfg.late_planes { "_late" } else { "" },
                 if cfg.row_skip { "_rowskip" } else { "" },
-                if cfg.wgmma { "_wgmma" } else { "" },
+                match (cfg.wgmma, cfg.wg_tri) {
+                    (true, true) => "_wgmma_tri",
+                    (true, false) => "_wgmma",
+                    _ => "",
+                },
                 if cfg.out == DType::F32 {
                     String::new()
                 } else {

@@ -108,6 +108,15 @@
 #if WGMMA && (SPLIT_OUT || KSPLIT != 1 || ROW_SKIP || VT % 64 != 0 || DK % 64 != 0)
 #error "WGMMA needs the plain kernel (no SPLIT_OUT, KSPLIT or ROW_SKIP), VT and DK multiples of 64"
 #endif
+// WG_TRI = 1 (with WGMMA): the triangular products (v_new^T = R^T a_inv^T, v_new^T p^T) as
+// warpgroup products too, each k16 step over the rows of a_inv (p) below its diagonal block only
+// (n = 64, 48, 32, 16), the a_inv and p planes staged as swizzled atoms.
+#ifndef WG_TRI
+#define WG_TRI 0
+#endif
+#if WG_TRI && !WGMMA
+#error "WG_TRI needs WGMMA"
+#endif
 template <bool B>
 struct Flag {
     static constexpr bool value = B;
@@ -216,7 +225,7 @@ struct Stage {
     float4* sc;   // [C] row scalings
 };
 // A stage buffer's a_inv and p planes, and its other rows (scalings first: 16-byte aligned).
-__device__ __forceinline__ size_t planes_bytes() { return (size_t)2 * C * SPL * 2; }
+__device__ __forceinline__ size_t planes_bytes() { return WG_TRI ? (size_t)2 * PIECES * 8192 : (size_t)2 * C * SPL * 2; }
 #if WGMMA
 // K and Q first (1024-aligned: every part before them is a multiple of 1024 bytes), unpadded.
 __device__ __forceinline__ size_t rows_bytes() { return (size_t)(2 * C * DK + C * SVR) * 2 + C * 16; }
@@ -232,7 +241,7 @@ __device__ __forceinline__ Stage stage_at(unsigned char* base, int b) {
     unsigned char* planes = base + (LATE_PLANES ? 0 : b * (planes_bytes() + rows_bytes()));
     unsigned char* rows = LATE_PLANES ? base + planes_bytes() + b * rows_bytes() : planes + planes_bytes();
     s.X = (u16*)planes;
-    s.Pm = s.X + C * SPL;
+    s.Pm = s.X + (WG_TRI ? PIECES * 4096 : C * SPL);
 #if WGMMA
     s.K = (u16*)rows;
     s.Q = s.K + C * DK;
@@ -395,6 +404,47 @@ __device__ __forceinline__ void h_times_wg(float (&kacc)[NTT][4], float (&qacc)[
         wg_pin(qacc);
     }
 }
+#if WG_TRI
+// The rows of M a k16 step KB reads: from its diagonal block on (n = 64 - 16 KB: no product of
+// the blocks above the diagonal), or all 64 (the blocks above staged as zeros): ptxas serializes
+// every product of a batch whose accumulator tiles differ between products (C7511).
+#ifndef TRI_SKIP
+#define TRI_SKIP 0
+#endif
+#define TRI_N(kb) (TRI_SKIP ? C - 16 * (kb) : C)
+// acc += a M^T as times_planes does, M's PIECES planes swizzled atoms at shared address x: per
+// k16 step KB (columns 16 KB.. of M), the rows of M from 16 KB on (n = 64 - 16 KB), into the
+// last tiles of acc; mma6's products of a's pieces and M's planes, small first.
+template <int KB>
+__device__ __forceinline__ void tri_step(float (&acc)[NTT][4], const APieces& ap, unsigned x) {
+    constexpr int N = TRI_N(KB);
+    const unsigned at = x + KB * 32 + (C - N) * 128;
+#if PIECES > 2
+    wgmma_tail<N, 0>(acc, ap.p[2], wg_desc(at));
+    wgmma_tail<N, 0>(acc, ap.p[1], wg_desc(at + 8192));
+    wgmma_tail<N, 0>(acc, ap.p[0], wg_desc(at + 2 * 8192));
+#endif
+#if PIECES > 1
+    wgmma_tail<N, 0>(acc, ap.p[1], wg_desc(at));
+    wgmma_tail<N, 0>(acc, ap.p[0], wg_desc(at + 8192));
+#endif
+    wgmma_tail<N, 0>(acc, ap.p[0], wg_desc(at));
+}
+__device__ __forceinline__ void times_planes_wg(float (&acc)[NTT][4], const float (&a)[NTT][4], unsigned x) {
+    APieces ap[C / 16];
+#pragma unroll
+    for (int kb = 0; kb < C / 16; ++kb) ap[kb] = a_from_acc(a[2 * kb], a[2 * kb + 1]);
+    wg_pin(acc);
+    wg_fence();
+    tri_step<0>(acc, ap[0], x);
+    tri_step<1>(acc, ap[1], x);
+    tri_step<2>(acc, ap[2], x);
+    tri_step<3>(acc, ap[3], x);
+    wg_commit();
+    wg_wait<0>();
+    wg_pin(acc);
+}
+#endif
 // Q H^T where it was left running (QH_LATE).
 __device__ __forceinline__ void qh_wait(float (&qacc)[NTT][4]) {
     if (QH_LATE) {
@@ -512,7 +562,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 stage_rows_by<u16, DK, STAGERS>(st.Q, SK, q + (start * P.h + kh) * DK, P.h * DK, len, tid);
 #endif
             }
+#if WG_TRI
             if (what & 2) {
+                const i64 xrow = (start * hv + j) * (PIECES * C), xstride = hv * PIECES * C;
+#pragma unroll
+                for (int pc = 0; pc < PIECES; ++pc) {
+                    stage_lower_sw128<STAGERS, !TRI_SKIP>(smem_addr(st.X) + pc * 8192, a_inv + xrow + pc * C, xstride, len, tid);
+                    stage_lower_sw128<STAGERS, !TRI_SKIP>(smem_addr(st.Pm) + pc * 8192, pin + xrow + pc * C, xstride, len, tid);
+                }
+            }
+            if (false) {
+#else
+            if (what & 2) {
+#endif
                 // a_inv and p plane by plane (64 bf16 each: the pieces of a row divide the
                 // stagers), their 16 x 16 blocks on and below the diagonal only: times_planes
                 // reads no others, and chunk_intra writes no others.
@@ -608,7 +670,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     for (int e = 0; e < 4; ++e) qh[nb][e] *= st.sc[8 * nb + 2 * t + (e & 1)].y;
             };
             auto output_rest = [&](float (&qh)[NTT][4], const float (&vn)[NTT][4], int lv) {
+#if WG_TRI
+                times_planes_wg(qh, vn, smem_addr(st.Pm));
+#else
                 times_planes<!whole>(qh, vn, Pr, len);
+#endif
                 // Row stride of o, opaque here so that the 16 row offsets are formed at the
                 // stores rather than hoisted out of the loop into 32 live registers.
                 i64 rs = hv * DV;
@@ -693,7 +759,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 for (int a = 0; a < NTT; ++a)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) vn[a][e] = 0.0f;
+#if WG_TRI
+                times_planes_wg(vn, kh_, smem_addr(st.X));
+#else
                 times_planes<!whole>(vn, kh_, Xr, len);
+#endif
                 PHASE();
             }
 #if SPLIT_OUT

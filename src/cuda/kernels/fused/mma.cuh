@@ -464,26 +464,88 @@ __device__ __forceinline__ u64 wg_desc(unsigned a) {
 __device__ __forceinline__ u64 desc_xt(unsigned x, int kb) { return wg_desc(x + (kb >> 2) * 8192 + (kb & 3) * 32); }
 // B = X's rows 16 kb .. (the k16 step) and columns 64 nh .. (n64): MN-major.
 __device__ __forceinline__ u64 desc_x(unsigned x, int kb, int nh) { return wg_desc(x + nh * 8192 + kb * 2048); }
-// d += a b, a 64 x 16 (registers), b 16 x 64 (descriptor; TB = 1: MN-major), f32 accumulate.
+// d += a b, a 64 x 16 (registers), b 16 x N (descriptor; TB = 1: MN-major), f32 accumulate, into
+// the last N / 8 tiles of d (columns 64 - N .. 63 of a 64-column accumulator: the rows of a
+// lower-triangular B below a k16 step's diagonal block). NW: the tiles written (for the host
+// emulation, which reads these names).
+template <int N, int TB>
+__device__ __forceinline__ void wgmma_tail(float (&d)[8][4], const unsigned (&a)[4], u64 desc) {
+    static_assert(N == 16 || N == 32 || N == 48 || N == 64, "n: 16, 32, 48 or 64");
+    constexpr int NW = N / 8;
+    if constexpr (N == 16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, %14;\n}\n"
+            : "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+              "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1), "n"(TB));
+    } else if constexpr (N == 32) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+            : "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+              "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+              "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+              "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1), "n"(TB));
+    } else if constexpr (N == 48) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, %26, %27}, %28, p, 1, 1, %30;\n}\n"
+            : "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+              "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+              "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+              "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+              "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1), "n"(TB));
+    } else if constexpr (N == 64) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+              "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+              "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+              "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+              "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1), "n"(TB));
+    }
+}
 template <int TB>
 __device__ __forceinline__ void wgmma64(float (&d)[8][4], const unsigned (&a)[4], u64 desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1), "n"(TB));
+    wgmma_tail<64, TB>(d, a, desc);
 }
 // cp_async16 to the shared-space address s.
 __device__ __forceinline__ void cp_async16_to(unsigned s, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+// Copies the 16 x 16 blocks on and below the diagonal of a 64 x 64 bf16 matrix (row i at src + i
+// src_stride) into one swizzled atom at shared address `x` (rows >= len zero), by NT threads;
+// with ZERO_UPPER the blocks above are written as zeros (read from nowhere), else left as they are.
+template <int NT, bool ZERO_UPPER>
+__device__ __forceinline__ void stage_lower_sw128(unsigned x, const unsigned short* src, i64 src_stride, int len,
+                                                  int tid) {
+    static_assert(NT % 8 == 0, "whole rows");
+    constexpr int step = NT / 8;
+    constexpr int iters = (64 + step - 1) / step;
+    const int r0 = tid / 8, c = tid % 8;
+    const unsigned short* s = src + r0 * src_stride + 8 * c;
+    const i64 s_step = step * src_stride;
+#pragma unroll
+    for (int it = 0; it < iters; ++it) {
+        const int i = r0 + it * step;
+        const bool lower = (c >> 1) <= (i >> 4);
+        if ((64 % step == 0 || i < 64) && (ZERO_UPPER || lower))
+            cp_async16_to(x + i * 128 + ((c ^ (i & 7)) << 4), i < len && lower ? s : src, i < len && lower);
+        s += s_step;
+    }
 }
 // Copies rows [0, 64) x DK bf16 of a row-major global matrix into the swizzled layout above at
 // shared address `x` (rows >= len zero), by NT threads (this one `tid`), as stage_rows_by.
