@@ -369,38 +369,25 @@ pub fn standard_configs() -> Vec<Config> {
         ..config(128, 128, 128, DType::BF16, 2, false)
     });
     // The warpgroup products (sm_90 only: `offline::all_modules` leaves them out elsewhere), in
-    // both precisions as they run.
-    v.push(Config {
-        regs: true,
-        late_planes: true,
-        wgmma: true,
-        out: DType::BF16,
-        ..config(128, 128, 128, DType::BF16, 2, false)
-    });
-    v.push(Config {
-        regs: true,
-        pieces: 1,
-        wgmma: true,
-        out: DType::BF16,
-        ..config(128, 128, 128, DType::BF16, 2, false)
-    });
-    // And with the triangular products on them too (opt-in).
-    v.push(Config {
-        regs: true,
-        late_planes: true,
-        wgmma: true,
-        wg_tri: true,
-        out: DType::BF16,
-        ..config(128, 128, 128, DType::BF16, 2, false)
-    });
-    v.push(Config {
-        regs: true,
-        pieces: 1,
-        wgmma: true,
-        wg_tri: true,
-        out: DType::BF16,
-        ..config(128, 128, 128, DType::BF16, 2, false)
-    });
+    // both precisions as they run, and with the triangular products on them too (opt-in).
+    for wg_tri in [false, true] {
+        v.push(Config {
+            regs: true,
+            late_planes: true,
+            wgmma: true,
+            wg_tri,
+            out: DType::BF16,
+            ..config(128, 128, 128, DType::BF16, 2, false)
+        });
+        v.push(Config {
+            regs: true,
+            pieces: 1,
+            wgmma: true,
+            wg_tri,
+            out: DType::BF16,
+            ..config(128, 128, 128, DType::BF16, 2, false)
+        });
+    }
     // o written in bf16 by both recurrent kernels.
     v.push(Config {
         out: DType::BF16,
