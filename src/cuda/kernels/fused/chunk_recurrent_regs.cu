@@ -104,13 +104,14 @@
 // triangular products (a_inv, p) stay on mma.sync. Each warpgroup (four warps, 64 state
 // columns) issues a chunk's K H^T and Q H^T as one batch of 16 PIECES products and the update as
 // one of 8 PIECES, instead of each warp issuing 128 PIECES and 64 PIECES m16n8k16 products with
-// an ldmatrix per two: the chunk step's issue slots were the limit (NOTES-GPU.md).
+// an ldmatrix per two (about 40 % of the exact step's instructions went to issuing and feeding
+// them: NOTES-GPU.md, calls BE and BO).
 #if WGMMA && (SPLIT_OUT || KSPLIT != 1 || ROW_SKIP || VT % 64 != 0 || DK % 64 != 0)
 #error "WGMMA needs the plain kernel (no SPLIT_OUT, KSPLIT or ROW_SKIP), VT and DK multiples of 64"
 #endif
 // WG_TRI = 1 (with WGMMA): the triangular products (v_new^T = R^T a_inv^T, v_new^T p^T) as
-// warpgroup products too, each k16 step over the rows of a_inv (p) below its diagonal block only
-// (n = 64, 48, 32, 16), the a_inv and p planes staged as swizzled atoms.
+// warpgroup products too, the a_inv and p planes staged as swizzled atoms with zeros above the
+// diagonal blocks (see TRI_SKIP).
 #ifndef WG_TRI
 #define WG_TRI 0
 #endif
@@ -224,7 +225,8 @@ struct Stage {
     u16* Vr;      // [C][SVR] v, this block's columns
     float4* sc;   // [C] row scalings
 };
-// A stage buffer's a_inv and p planes, and its other rows (scalings first: 16-byte aligned).
+// A stage buffer's a_inv and p planes, and its other rows (scalings first: 16-byte aligned; with
+// WGMMA K and Q first, 1024-aligned).
 __device__ __forceinline__ size_t planes_bytes() { return WG_TRI ? (size_t)2 * PIECES * 8192 : (size_t)2 * C * SPL * 2; }
 #if WGMMA
 // K and Q first (1024-aligned: every part before them is a multiple of 1024 bytes), unpadded.
@@ -413,8 +415,8 @@ __device__ __forceinline__ void h_times_wg(float (&kacc)[NTT][4], float (&qacc)[
 #endif
 #define TRI_N(kb) (TRI_SKIP ? C - 16 * (kb) : C)
 // acc += a M^T as times_planes does, M's PIECES planes swizzled atoms at shared address x: per
-// k16 step KB (columns 16 KB.. of M), the rows of M from 16 KB on (n = 64 - 16 KB), into the
-// last tiles of acc; mma6's products of a's pieces and M's planes, small first.
+// k16 step KB (columns 16 KB.. of M), TRI_N(KB) rows of M (the last ones) into the last tiles of
+// acc; mma6's products of a's pieces and M's planes, small first.
 template <int KB>
 __device__ __forceinline__ void tri_step(float (&acc)[NTT][4], const APieces& ap, unsigned x) {
     constexpr int N = TRI_N(KB);
