@@ -33,7 +33,8 @@ fn all_kernels_compile_to_ptx_and_cubin_for_sm90_or_skip_without_nvrtc() {
         );
         if m.name.starts_with("fused_") {
             fused += 1;
-            // bf16 products (on split operands) in chunk_recurrent_regs; in chunk_intra m16n8k16
+            // bf16 products (on split operands) in chunk_recurrent_regs, wgmma's where it has them;
+            // in chunk_intra m16n8k16
             // on the 16-bit inputs themselves, TF32 for f32 inputs; TF32 in chunk_recurrent.
             // Names: fused_<kernel>_k<K>_v<V>_vt<VT>_<input dtype>[_...].
             let dtype = m.name.split("_vt").nth(1).and_then(|r| r.split('_').nth(1));
@@ -42,6 +43,10 @@ fn all_kernels_compile_to_ptx_and_cubin_for_sm90_or_skip_without_nvrtc() {
                 m.name.contains("chunk_intra"),
                 dtype,
             ) {
+                // On warpgroup products (sm_90a), the triangular ones too with `_tri`.
+                (true, _, _) if m.name.contains("_wgmma") => {
+                    "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"
+                }
                 (true, _, _) | (_, true, Some("bf16")) => {
                     "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
                 }
