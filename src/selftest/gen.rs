@@ -2,7 +2,8 @@
 //! [`Spec`]s that respect the option rules, the inputs they describe, and realistic layer inputs
 //! for `demo` and `bench`.
 
-use crate::dtype::{DType, Tensor};
+use crate::dtype::{DType, Data, Tensor};
+use std::borrow::Cow;
 use crate::error::Result;
 use crate::options::{HeadMap, Options, CHUNK_SIZES};
 use crate::problem::Inputs;
@@ -101,20 +102,35 @@ pub fn layer_inputs_periodic(
         .map(|_| -softplus32(rng.range(-5.0, 1.0)) * 0.5)
         .collect();
     let beta: Vec<f32> = (0..drawn * hv).map(|_| rng.range(0.0, 1.0)).collect();
-    let cycle = |x: Vec<f32>, n: usize| -> Vec<f32> {
-        if x.len() == n {
-            x
-        } else {
-            x.iter().copied().cycle().take(n).collect()
-        }
-    };
     Ok(Inputs::new(
-        Tensor::cast_from_f32(&cycle(q, nq), vec![b, t, h, dk], dtype)?,
-        Tensor::cast_from_f32(&cycle(k, nq), vec![b, t, h, dk], dtype)?,
-        Tensor::cast_from_f32(&cycle(v, nv), vec![b, t, hv, dv], dtype)?,
-        Tensor::from_f32(cycle(g, ng), vec![b, t, hv])?,
-        Tensor::from_f32(cycle(beta, ng), vec![b, t, hv])?,
+        cycled(&q, nq, vec![b, t, h, dk], dtype)?,
+        cycled(&k, nq, vec![b, t, h, dk], dtype)?,
+        cycled(&v, nv, vec![b, t, hv, dv], dtype)?,
+        cycled(&g, ng, vec![b, t, hv], DType::F32)?,
+        cycled(&beta, ng, vec![b, t, hv], DType::F32)?,
     ))
+}
+
+/// `x` rounded to `dtype` once, then repeated to `n` elements: long inputs (half a million
+/// tokens are gigabytes) cost one copy, not a rounding per element.
+fn cycled(x: &[f32], n: usize, shape: Vec<usize>, dtype: DType) -> Result<Tensor<'static>> {
+    fn repeat<T: Copy>(x: &[T], n: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let take = (n - out.len()).min(x.len());
+            out.extend_from_slice(&x[..take]);
+        }
+        out
+    }
+    if n > 0 && x.is_empty() {
+        return Err(crate::Error::invalid("period", "at least one token", "none"));
+    }
+    let data = match Tensor::cast_from_f32(x, vec![x.len()], dtype)?.data() {
+        Data::F32(d) => Data::F32(Cow::Owned(repeat(d, n))),
+        Data::BF16(d) => Data::BF16(Cow::Owned(repeat(d, n))),
+        Data::F16(d) => Data::F16(Cow::Owned(repeat(d, n))),
+    };
+    Tensor::new(data, shape)
 }
 
 fn softplus32(x: f32) -> f32 {
