@@ -3,9 +3,10 @@
 # only so far), on the issue shapes beside FLA in one call: (1) checks with WG_TRI on (fused_equals
 # one case of every tuning, selftest on the vectors, non-finite rows); (2) A/B
 # DELTANET_FUSED_WGTRI=0|1, both precisions, the five issue shapes, two rounds interleaved, JSON
-# per run; (3) FLA on the same shapes; (4) time per token 16K..512K, both settings; (5) racecheck
-# and memcheck with WG_TRI.
-# run(command="bash .dev/all/callBR.sh", carry=[".dev/all", ".gpu/fla", ".gpu/anchors.py", ".gpu/vectors"])
+# per run; (3) FLA and FlashQLA on the same shapes (callBR1.sh installed their wheels just
+# before, on the same warm machine). Sanitizers and time per token follow in the next call,
+# on the build chosen from this one.
+# run(command="bash .dev/all/callBR.sh", carry=[".dev/all", ".gpu/z3", ".gpu/anchors.py", ".gpu/vectors"])
 cd "$(dirname "$0")"
 TOP=$PWD/../..
 TAG=br; R=$OUT/$TAG; mkdir -p $R
@@ -31,23 +32,9 @@ for round in 1 2; do
 done
 } 2>&1 | tee $R/ab.txt
 pack
-python3 -m pip install -q --no-index --no-deps --target /tmp/site $TOP/.gpu/fla/*.whl > /dev/null 2>&1
-PYTHONPATH=/tmp/site timeout 150 python3 $TOP/.gpu/anchors.py --impl fla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/fla_shapes.json 2>&1 | tail -6 | tee $R/fla.txt
+python3 -m pip install -q --no-index --no-deps --target /tmp/site $TOP/.gpu/z3/*.whl > $R/pip.txt 2>&1; echo "pip rc=$?"
+export PYTHONPATH=/tmp/site
+timeout 150 python3 $TOP/.gpu/anchors.py --impl fla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/fla_shapes.json 2>&1 | tail -6 | tee $R/fla.txt
 pack
-CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-SH="--device cuda --work prefill --dtype bf16 --warmup 0 --repeats 1"
-for P in exact fast; do
-  run race_tri_$P 90 env DELTANET_FUSED_WGTRI=1 DELTANET_FUSED_VT=128 DELTANET_FUSED_SPLIT=0 $CS --tool racecheck --error-exitcode 9 ./deltanet bench $SH --precision $P --shape 2,300,4,8,128,128
-done
-run mem_tri 90 env DELTANET_FUSED_WGTRI=1 $CS --tool memcheck --error-exitcode 9 ./deltanet bench $SH --precision exact --shape 1,1200,16,32,128,128 --varlen 9
-pack
-{
-for W in 0 1; do
-  for P in exact fast; do
-    for T in 16384 131072 524288; do
-      DELTANET_FUSED_WGTRI=$W timeout 150 ./deltanet bench --device cuda --work prefill --dtype bf16 --warmup 1 --precision $P --shape 1,$T,16,32,128,128 --repeats 5 --json $R/tok_w${W}_${P}_$T.json 2>&1 | grep -E "^prefill" | sed "s/^/wgtri=$W $P T=$T /"
-    done
-  done
-done
-} 2>&1 | tee $R/per_token.txt
+timeout 250 python3 $TOP/.gpu/anchors.py --impl flashqla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/qla_shapes.json 2>&1 | tail -6 | tee $R/qla.txt
 pack

@@ -8,6 +8,7 @@
 
 mod blocks;
 mod fused;
+mod helpers;
 // Compiled only where the AVX-512 intrinsics are stable (see build.rs), whatever the crate's
 // rust-version.
 #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
@@ -55,34 +56,14 @@ pub(crate) fn for_each_task(n: usize, small: bool, f: impl Fn(usize) + Sync + Se
     if n < 2 || (small && threads <= 1 && outside) {
         (0..n).for_each(f)
     } else if small && outside {
-        // The calling thread takes the first share and `threads - 1` helpers the others: the
-        // caller never sleeps on the pool, and no idle worker spins beside the two busy ones
-        // (N=1 step, 2 threads: 0.066 -> 0.057 ms, NOTES-CPU.md).
-        let helpers = helper_pool(threads - 1);
-        let share = n.div_ceil(threads);
-        let f = &f;
-        helpers.in_place_scope(|s| {
-            for h in 1..threads {
-                s.spawn(move |_| (h * share..n.min((h + 1) * share)).for_each(f));
-            }
-            (0..share.min(n)).for_each(f);
-        });
+        // The calling thread takes the first share and `threads - 1` helpers the others, nobody
+        // sleeping inside the step (`helpers`); where another caller holds the helpers, rayon.
+        if !helpers::Helpers::get(threads - 1).run(n, &f) {
+            (0..n).into_par_iter().for_each(f)
+        }
     } else {
         (0..n).into_par_iter().for_each(f)
     }
-}
-
-/// A pool of `n` threads beside rayon's global one, for [`for_each_task`]'s small steps (sized
-/// by the first such step: the global pool's size does not change).
-fn helper_pool(n: usize) -> &'static rayon::ThreadPool {
-    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .thread_name(|i| format!("deltanet-helper-{i}"))
-            .build()
-            .expect("building the helper threads")
-    })
 }
 
 /// The size of the last-level data cache in bytes, as Linux's sysfs gives it for cpu0 (the
@@ -375,6 +356,43 @@ mod task_tests {
                     "n {n} small {small}"
                 );
             }
+        }
+    }
+
+    /// Callers on several threads at once (the helpers serve one; the others go to rayon), many
+    /// steps back to back: every task of every step runs exactly once.
+    #[test]
+    fn small_steps_from_many_callers() {
+        std::thread::scope(|s| {
+            for caller in 0..4 {
+                s.spawn(move || {
+                    for step in 0..500 {
+                        let n = 1 + (caller * 7 + step) % 40;
+                        let runs: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                        super::for_each_task(n, true, |t| {
+                            runs[t].fetch_add(1, Ordering::Relaxed);
+                        });
+                        assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 1));
+                    }
+                });
+            }
+        });
+    }
+
+    /// A task that panics, wherever it runs, panics the caller once every thread has left the
+    /// step; the next step runs normally.
+    #[test]
+    fn a_panicking_task_reaches_the_caller() {
+        for bad in [0, 15] {
+            let r = std::panic::catch_unwind(|| {
+                super::for_each_task(16, true, |t| assert_ne!(t, bad, "task {t}"));
+            });
+            assert!(r.is_err(), "task {bad}");
+            let runs: Vec<AtomicUsize> = (0..16).map(|_| AtomicUsize::new(0)).collect();
+            super::for_each_task(16, true, |t| {
+                runs[t].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 1));
         }
     }
 }
