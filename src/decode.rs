@@ -454,13 +454,16 @@ fn cpu_decode_in_pool(
     // With one token a step, tasks go in runs of consecutive ones (about eight runs per thread,
     // at most 16 tasks a run), each run stepped software-pipelined (`token_steps`: each state's
     // update beside the next one's sums); with more, one task at a time, its tokens in turn.
-    // Not where the states (over a few MiB) fit in about one last-level cache: there one task a
-    // run, its two passes back to back and the next task's state fetched during its update,
-    // measured faster on an AVX-512 host (32 MiB L3; N=16, 32 MiB of states: 1.10-1.44 ->
-    // 0.74-0.88 ms at 2 threads, 2.13-2.34 -> 1.31-1.51 at 1; N=64 and N=1 slower so: NOTES-CPU.md).
+    // Not with the AVX-512 step where the states (over a few MiB) fit in about one last-level
+    // cache: there one task a run, its two passes back to back and the next task's state fetched
+    // during its update, measured faster on an AVX-512 host (32 MiB L3; N=16, 32 MiB of states:
+    // 1.10-1.44 -> 0.74-0.88 ms at 2 threads, 2.13-2.34 -> 1.31-1.51 at 1; N=64 and N=1 slower
+    // so), and slower with the AVX2 step on a Zen 3 host (N=16 at 2 threads: 2.36 -> 2.69 ms,
+    // medians of eight interleaved rounds): NOTES-CPU.md.
     let tasks = n * hv * tiles;
     let states = 4 * n * hv * kv;
-    let fits_cache = states > 8 << 20 && 2 * states <= 3 * crate::cpu::last_level_cache();
+    let fits_cache =
+        avx512_step() && states > 8 << 20 && 2 * states <= 3 * crate::cpu::last_level_cache();
     let per_run = if t == 1 && !fits_cache {
         (tasks / (8 * rayon::current_num_threads())).clamp(1, 16)
     } else {
@@ -969,4 +972,13 @@ mod cuda_host {
         let o = Tensor::from_bytes(s.out_dtype, &o, vec![sh.n, sh.t, sh.hv, sh.dv])?.into_owned();
         Ok((o, pool, ts))
     }
+}
+
+/// Whether this CPU takes the AVX-512 decode step (`token_steps`' widest form).
+fn avx512_step() -> bool {
+    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+    if crate::cpu::kernel::have_avx512() {
+        return true;
+    }
+    false
 }
