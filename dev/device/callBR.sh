@@ -50,23 +50,9 @@ for P in exact fast; do
 done 2>&1 | tee $R/chosen.txt
 timeout 150 python3 $TOP/.gpu/anchors.py --impl fla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/fla_shapes.json 2>&1 | tail -6 | tee $R/fla.txt
 pack
-run fast 90 env DELTANET_FUSED_CASES=12 ./fused_test fused_fast_precision --nocapture
-run non_finite 60 env DELTANET_FUSED_CASES=3 ./fused_test fused_keeps_non_finite --nocapture
-run engine 60 ./engine_test --nocapture
-CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-SH="--device cuda --work prefill --dtype bf16 --warmup 0 --repeats 1"
-for P in exact fast; do
-  run race_$P 90 env DELTANET_FUSED_VT=128 DELTANET_FUSED_SPLIT=0 $CS --tool racecheck --error-exitcode 9 ./deltanet bench $SH --precision $P --shape 2,300,4,8,128,128
-done
-run mem_varlen 90 $CS --tool memcheck --error-exitcode 9 ./deltanet bench $SH --precision exact --shape 1,1200,16,32,128,128 --varlen 9
+checks_and_sanitizers
 pack
-{
-for P in exact fast; do
-  for T in 16384 131072 524288; do
-    timeout 90 ./deltanet bench --device cuda --work prefill --dtype bf16 --warmup 1 --precision $P --shape 1,$T,16,32,128,128 --repeats 5 --json $R/tok_${P}_$T.json 2>&1 | grep -E "^prefill" | sed "s/^/$P T=$T /"
-  done
-done
-} 2>&1 | tee $R/per_token.txt
+per_token 16384 131072 524288
 pack
 if python3 -c "import flash_qla" 2>/dev/null; then
   timeout 200 python3 $TOP/.gpu/anchors.py --impl flashqla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/qla_shapes.json 2>&1 | tail -6 | tee $R/qla.txt

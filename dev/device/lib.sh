@@ -26,3 +26,27 @@ issue_shapes() {
     pb "$P varlen64 1,65536" --precision $P --shape 1,65536,16,32,128,128 --varlen 64 --repeats 20 --json $R/shape_${P}_varlen64.json
   done
 }
+# checks_and_sanitizers: the tests a landed build runs on the GPU besides selftest and
+# fused_equals (the fast precision, non-finite rows, engine) and compute-sanitizer (racecheck in
+# both precisions, 128 columns forced; memcheck over varlen).
+checks_and_sanitizers() {
+  run fast 90 env DELTANET_FUSED_CASES=12 ./fused_test fused_fast_precision --nocapture
+  run non_finite 60 env DELTANET_FUSED_CASES=3 ./fused_test fused_keeps_non_finite --nocapture
+  run engine 60 ./engine_test --nocapture
+  local cs sh p
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  sh="--device cuda --work prefill --dtype bf16 --warmup 0 --repeats 1"
+  for p in exact fast; do
+    run race_$p 90 env DELTANET_FUSED_VT=128 DELTANET_FUSED_SPLIT=0 $cs --tool racecheck --error-exitcode 9 ./deltanet bench $sh --precision $p --shape 2,300,4,8,128,128
+  done
+  run mem_varlen 90 $cs --tool memcheck --error-exitcode 9 ./deltanet bench $sh --precision exact --shape 1,1200,16,32,128,128 --varlen 9
+}
+# per_token T...: B=1 prefill at each T in both precisions (5 repeats), JSON per run in $R.
+per_token() {
+  local p t
+  for p in exact fast; do
+    for t in "$@"; do
+      timeout 90 ./deltanet bench --device cuda --work prefill --dtype bf16 --warmup 1 --precision $p --shape 1,$t,16,32,128,128 --repeats 5 --json $R/tok_${p}_$t.json 2>&1 | grep -E "^prefill" | sed "s/^/$p T=$t /"
+    done
+  done 2>&1 | tee $R/per_token.txt
+}
