@@ -3,10 +3,10 @@
 //! for `demo` and `bench`.
 
 use crate::dtype::{DType, Data, Tensor};
-use std::borrow::Cow;
 use crate::error::Result;
 use crate::options::{HeadMap, Options, CHUNK_SIZES};
 use crate::problem::Inputs;
+use std::borrow::Cow;
 
 /// A small deterministic generator (SplitMix64): the same seed gives the same problems on every
 /// machine.
@@ -123,7 +123,11 @@ fn cycled(x: &[f32], n: usize, shape: Vec<usize>, dtype: DType) -> Result<Tensor
         out
     }
     if n > 0 && x.is_empty() {
-        return Err(crate::Error::invalid("period", "at least one token", "none"));
+        return Err(crate::Error::invalid(
+            "period",
+            "at least one token",
+            "none",
+        ));
     }
     let data = match Tensor::cast_from_f32(x, vec![x.len()], dtype)?.data() {
         Data::F32(d) => Data::F32(Cow::Owned(repeat(d, n))),
