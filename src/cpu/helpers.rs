@@ -18,9 +18,9 @@ use std::sync::OnceLock;
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
-/// How long a helper polls for the next step after finishing one before it parks: longer than
-/// the gap between two decode steps of a model's layers on a small host, short enough that a
-/// helper does not hold a core away from other work for long.
+/// How long a helper polls for the next step after finishing one before it parks: several times
+/// a step of one sequence, so that steps called back to back find it awake, and short enough
+/// that a helper does not hold a core away from other work for long.
 const LINGER: Duration = Duration::from_micros(200);
 
 type Task = dyn Fn(usize) + Sync;
