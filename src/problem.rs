@@ -103,6 +103,21 @@ fn table<T>(arg: &'static str, n: usize) -> Result<Vec<T>> {
     Ok(v)
 }
 
+/// The chunks of `bt` tokens of each sequence in order (a sequence's last chunk may be shorter;
+/// an empty sequence has none).
+fn chunk_table(seqs: &[(usize, usize)], tokens: usize, bt: usize) -> Result<Vec<Chunk>> {
+    let mut chunks = table("q", tokens / bt + seqs.len())?;
+    for (seq, &(s, e)) in seqs.iter().enumerate() {
+        let mut start = s;
+        while start < e {
+            let len = bt.min(e - start);
+            chunks.push(Chunk { seq, start, len });
+            start += len;
+        }
+    }
+    Ok(chunks)
+}
+
 fn dims_of(arg: &'static str, t: &Tensor<'_>, rank: usize) -> Result<Vec<usize>> {
     if t.shape().len() != rank {
         return Err(Error::invalid(
@@ -229,21 +244,25 @@ impl Problem {
         // With varlen, empty sequences make N exceed the tokens: size the states by N itself.
         checked_numel("initial_state", &[seqs.len(), v_heads, dk, dv])?;
         let bt = opts.chunk_size;
-        let mut chunks = table("q", tokens / bt + seqs.len())?;
-        for (seq, &(s, e)) in seqs.iter().enumerate() {
-            let mut start = s;
-            while start < e {
-                let len = bt.min(e - start);
-                chunks.push(Chunk { seq, start, len });
-                start += len;
-            }
-        }
+        let chunks = chunk_table(&seqs, tokens, bt)?;
         Ok(Problem {
             dims,
             chunk_size: bt,
             head_map: opts.head_map,
             seqs,
             chunks,
+        })
+    }
+
+    /// The same problem cut into chunks of `bt` tokens (`bt` at most the problem's own chunk
+    /// size, so every buffer sized for it still fits): for a backend that computes in smaller
+    /// chunks than the caller's.
+    pub(crate) fn rechunked(&self, bt: usize) -> Result<Problem> {
+        debug_assert!(bt >= 1 && bt <= self.chunk_size);
+        Ok(Problem {
+            chunk_size: bt,
+            chunks: chunk_table(&self.seqs, self.tokens(), bt)?,
+            ..self.clone()
         })
     }
 
@@ -485,5 +504,32 @@ impl Problem {
         let n = self.tokens() * self.dims.heads * self.dims.dk;
         check_len("q", q.len(), n)?;
         check_len("k", k.len(), n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A problem cut again into smaller chunks has the chunk table it would have been built
+    /// with: chunks never cross sequences, empty sequences have none, last chunks are partial.
+    #[test]
+    fn rechunked_equals_a_problem_built_with_that_chunk_size() {
+        let dims = Dims::from([1, 300, 2, 4, 16, 8]);
+        let cu = [0i64, 0, 70, 70, 199, 300];
+        let at = |bt| {
+            let opts = Options {
+                chunk_size: bt,
+                ..Options::default()
+            };
+            Problem::new(dims, Some(&cu), &opts).unwrap()
+        };
+        let p64 = at(64);
+        for bt in [64, 32, 16] {
+            let p = p64.rechunked(bt).unwrap();
+            assert_eq!(p, at(bt));
+            assert!(p.chunks().iter().all(|c| c.len <= bt));
+        }
+        assert_ne!(p64.rechunked(32).unwrap().chunks(), p64.chunks());
     }
 }

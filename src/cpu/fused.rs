@@ -262,6 +262,34 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
     Ok(ForwardOut { o, h, final_state })
 }
 
+/// Tokens per chunk the fused forward computes in: the caller's `chunk_size`, or fewer where
+/// that measured faster and no chunk states (which come at the caller's granularity) are asked
+/// for. Per token and value head the chunk's own products (`k k^T`, `q k^T`, the tri-solve's
+/// application, the causal `o` term) cost about `BT (K + V) / 2` multiply-adds against the
+/// state products' `3 K V`, so at K = V = 128 chunks of 32 do about a seventh fewer operations
+/// than chunks of 64; the result changes only by rounding. With the AVX2 kernel (a 2-core
+/// Zen 3, T=4096, H=16, HV=32, K=V=128, f32) chunks of 32 were faster in 10 of 12 interleaved
+/// pairs, by about a tenth; the AVX-512 kernel keeps the caller's chunk until measured there
+/// (the portable build takes 32, for the operation count alone).
+/// `DELTANET_CPU_CHUNK=16|32|64` sets it (never above the caller's), for measurements.
+fn compute_chunk(p: &Problem, opts: &Options) -> usize {
+    if opts.output_chunk_states {
+        return p.chunk_size();
+    }
+    let chosen = std::env::var("DELTANET_CPU_CHUNK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|bt| crate::options::CHUNK_SIZES.contains(bt))
+        .unwrap_or_else(|| {
+            #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+            if super::kernel::have_avx512() {
+                return p.chunk_size();
+            }
+            32
+        });
+    chosen.min(p.chunk_size())
+}
+
 /// [`fused`] into `o` and `final_state` (of the problem's sizes; the final state V-first with
 /// `v_first_out`, else K-major); returns the chunk states (K-major) where `opts` asks for them.
 fn fused_into<R: ChunkRows>(
@@ -272,6 +300,14 @@ fn fused_into<R: ChunkRows>(
     final_state: &mut [f32],
     v_first_out: bool,
 ) -> Result<Option<Vec<f32>>> {
+    let rechunked;
+    let p = match compute_chunk(p, opts) {
+        bt if bt < p.chunk_size() => {
+            rechunked = p.rechunked(bt)?;
+            &rechunked
+        }
+        _ => p,
+    };
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let kv = p.state_len();
     let scale = opts.scale_for(dk);
