@@ -116,18 +116,21 @@ struct Tile {
 #[inline]
 unsafe fn tile<const R: usize>(t: &Tile) {
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
-    let (mut a, mut b) = (t.a, t.b);
+    // One pointer a row, each stepped on its own (see the AVX2 kernel's `tile`): no chain of
+    // dependent address additions carried from step to step.
+    let mut a: [*const f32; R] = std::array::from_fn(|r| t.a.wrapping_add(r * t.rsa));
+    let mut b = t.b;
     for _ in 0..t.kk {
         let b0 = _mm512_maskz_loadu_ps(t.m0, b);
         // Past the last column, as for the pointers below, only an address is formed (masked
         // lanes read nothing); `wrapping_add` keeps forming it defined.
         let b1 = _mm512_maskz_loadu_ps(t.m1, b.wrapping_add(16));
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let x = _mm512_set1_ps(*a.add(r * t.rsa));
+        for (acc, a) in acc.iter_mut().zip(a.iter_mut()) {
+            let x = _mm512_set1_ps(**a);
             acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
             acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+            *a = a.wrapping_add(t.csa);
         }
-        a = a.wrapping_add(t.csa);
         b = b.wrapping_add(t.ldb);
     }
     let alpha = _mm512_set1_ps(t.alpha);
