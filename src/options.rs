@@ -72,7 +72,10 @@ pub struct Options {
     pub gate_in_kernel: bool,
     /// States are stored `[N, HV, V, K]` instead of `[N, HV, K, V]`.
     pub state_v_first: bool,
-    /// Tokens per chunk of the chunked forward: 16, 32 or 64.
+    /// Tokens per chunk of the chunked forward: 16, 32 or 64; the chunk states
+    /// (`output_chunk_states`) come at this granularity. Without chunk states a backend may
+    /// compute in smaller chunks where that is faster (the CPU without AVX-512 takes 32): the
+    /// same arithmetic up to rounding.
     pub chunk_size: usize,
     /// How value heads map to q/k heads.
     pub head_map: HeadMap,
