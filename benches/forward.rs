@@ -47,8 +47,10 @@ fn prefill(c: &mut Criterion) {
     });
     group.finish();
     // The same forward with the chunked algorithm's FLOPs as criterion's elements: its
-    // "elem/s" are FLOP/s (`Problem::prefill_flops`), beside the tokens/s above.
-    let flops = Problem::from_inputs(&x, &opts).unwrap().prefill_flops();
+    // "elem/s" are FLOP/s (`Problem::prefill_flops_at` the chunk size the CPU computes in),
+    // beside the tokens/s above.
+    let p = Problem::from_inputs(&x, &opts).unwrap();
+    let flops = p.prefill_flops_at(deltanet::cpu::computed_chunk_size(&p, &opts));
     let mut group = c.benchmark_group("prefill_f32_B1_T4096_H16_HV32_K128_V128_flops");
     group.sample_size(10);
     group.throughput(Throughput::Elements(flops as u64));

@@ -430,13 +430,31 @@ impl Problem {
     /// # Ok::<(), deltanet::Error>(())
     /// ```
     pub fn prefill_flops(&self) -> f64 {
+        self.prefill_flops_at(self.chunk_size)
+    }
+
+    /// [`Problem::prefill_flops`] of the same tokens cut into chunks of `bt` tokens (a backend
+    /// may compute in smaller chunks than `chunk_size`: see `Options::chunk_size`).
+    ///
+    /// ```
+    /// use deltanet::{Dims, Options, Problem};
+    /// let dims = Dims { batch: 1, seq_len: 4096, heads: 16, v_heads: 32, dk: 128, dv: 128 };
+    /// let p = Problem::new(dims, None, &Options::default())?;
+    /// assert_eq!(p.prefill_flops_at(64), p.prefill_flops());
+    /// // Chunks of 32: the chunk's own products shrink, the state's stay.
+    /// assert!((p.prefill_flops_at(32) - 1.8298e10).abs() < 1e7);
+    /// # Ok::<(), deltanet::Error>(())
+    /// ```
+    pub fn prefill_flops_at(&self, bt: usize) -> f64 {
         let (k, v) = (self.dk() as f64, self.dv() as f64);
+        let chunk = |c: f64| 6.0 * c * c * k + 4.0 * c * c * v + 6.0 * c * k * v + c * c * c / 3.0;
+        let bt = bt.max(1);
         let per_head: f64 = self
-            .chunks()
+            .seqs
             .iter()
-            .map(|ch| {
-                let c = ch.len as f64;
-                6.0 * c * c * k + 4.0 * c * c * v + 6.0 * c * k * v + c * c * c / 3.0
+            .map(|&(s, e)| {
+                let len = e - s;
+                (len / bt) as f64 * chunk(bt as f64) + chunk((len % bt) as f64)
             })
             .sum();
         per_head * self.v_heads() as f64
@@ -531,5 +549,21 @@ mod tests {
             assert!(p.chunks().iter().all(|c| c.len <= bt));
         }
         assert_ne!(p64.rechunked(32).unwrap().chunks(), p64.chunks());
+    }
+
+    /// The operation count at another chunk size is the count of the problem cut so.
+    #[test]
+    fn prefill_flops_at_counts_the_rechunked_problem() {
+        let cu = [0i64, 0, 70, 70, 199, 300];
+        let opts = Options::default();
+        let p = Problem::new(Dims::from([1, 300, 2, 4, 16, 8]), Some(&cu), &opts).unwrap();
+        for bt in [64, 32, 16] {
+            let want = p.rechunked(bt).unwrap().prefill_flops();
+            assert!(
+                (p.prefill_flops_at(bt) - want).abs() <= 1e-12 * want,
+                "bt = {bt}"
+            );
+        }
+        assert!(p.prefill_flops_at(32) < p.prefill_flops());
     }
 }

@@ -262,17 +262,27 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
     Ok(ForwardOut { o, h, final_state })
 }
 
-/// Tokens per chunk the fused forward computes in: the caller's `chunk_size`, or fewer where
+/// The chunk size the CPU's fused forward computes `p` in: the caller's `chunk_size`, or less where
 /// that measured faster and no chunk states (which come at the caller's granularity) are asked
 /// for. Per token and value head the chunk's own products (`k k^T`, `q k^T`, the tri-solve's
 /// application, the causal `o` term) cost about `BT (K + V) / 2` multiply-adds against the
-/// state products' `3 K V`, so at K = V = 128 chunks of 32 do about a seventh fewer operations
-/// than chunks of 64; the result changes only by rounding. With the AVX2 kernel (a 2-core
+/// state products' `3 K V`, so at K = V = 128 chunks of 32 do about a tenth fewer operations
+/// than chunks of 64 (NOTES-CPU.md, twentieth stop); the result changes only by rounding. With the AVX2 kernel (a 2-core
 /// Zen 3, T=4096, H=16, HV=32, K=V=128, f32) chunks of 32 were faster in 10 of 12 interleaved
 /// pairs, by about a tenth; the AVX-512 kernel keeps the caller's chunk until measured there
 /// (the portable build takes 32, for the operation count alone).
 /// `DELTANET_CPU_CHUNK=16|32|64` sets it (never above the caller's), for measurements.
-fn compute_chunk(p: &Problem, opts: &Options) -> usize {
+///
+/// ```
+/// use deltanet::{Dims, Options, Problem};
+/// let dims = Dims { batch: 1, seq_len: 100, heads: 1, v_heads: 1, dk: 16, dv: 16 };
+/// let opts = Options { output_chunk_states: true, ..Options::default() };
+/// let p = Problem::new(dims, None, &opts)?;
+/// // Chunk states are asked for: they come at the caller's chunk size.
+/// assert_eq!(deltanet::cpu::computed_chunk_size(&p, &opts), 64);
+/// # Ok::<(), deltanet::Error>(())
+/// ```
+pub fn computed_chunk_size(p: &Problem, opts: &Options) -> usize {
     if opts.output_chunk_states {
         return p.chunk_size();
     }
@@ -301,7 +311,7 @@ fn fused_into<R: ChunkRows>(
     v_first_out: bool,
 ) -> Result<Option<Vec<f32>>> {
     let rechunked;
-    let p = match compute_chunk(p, opts) {
+    let p = match computed_chunk_size(p, opts) {
         bt if bt < p.chunk_size() => {
             rechunked = p.rechunked(bt)?;
             &rechunked

@@ -22,7 +22,7 @@ pub(crate) use blocks::{
     axpy, causal_dots, chunk_blocks, dot, gather_rows, gather_scalars, gemm, gemm_causal,
     scatter_rows, transpose, with_scaled_rows, with_scratch, Decays,
 };
-pub use fused::{forward_into, fused_forward, FusedOut};
+pub use fused::{computed_chunk_size, forward_into, fused_forward, FusedOut};
 pub use stages::chunk_output::chunk_output;
 pub use stages::chunk_state::chunk_state;
 pub use stages::cumsum::chunk_local_cumsum;

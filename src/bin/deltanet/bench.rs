@@ -456,12 +456,17 @@ fn bench_on<D: HostIo>(
                     })?
                 }
             };
+            // The operations of the chunking computed: the CPU may take smaller chunks.
+            let flops = match gpu {
+                Some(_) => p.prefill_flops(),
+                None => p.prefill_flops_at(deltanet::cpu::computed_chunk_size(&p, opts)),
+            };
             rows.push(Row {
                 work: "prefill",
                 times_ms: times,
                 tokens: Some(p.tokens()),
                 bytes: None,
-                flops: Some(p.prefill_flops()),
+                flops: Some(flops),
             });
         }
         if works.contains(&Work::SolveTril) {
