@@ -262,16 +262,17 @@ fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Resul
     Ok(ForwardOut { o, h, final_state })
 }
 
-/// The chunk size the CPU's fused forward computes `p` in: the caller's `chunk_size`, or less where
-/// that measured faster and no chunk states (which come at the caller's granularity) are asked
-/// for. Per token and value head the chunk's own products (`k k^T`, `q k^T`, the tri-solve's
-/// application, the causal `o` term) cost about `BT (K + V) / 2` multiply-adds against the
-/// state products' `3 K V`, so at K = V = 128 chunks of 32 do about a tenth fewer operations
-/// than chunks of 64 (NOTES-CPU.md, twentieth stop); the result changes only by rounding. With the AVX2 kernel (a 2-core
-/// Zen 3, T=4096, H=16, HV=32, K=V=128, f32) chunks of 32 were faster in 10 of 12 interleaved
-/// pairs, by about a tenth; the AVX-512 kernel keeps the caller's chunk until measured there
-/// (the portable build takes 32, for the operation count alone).
-/// `DELTANET_CPU_CHUNK=16|32|64` sets it (never above the caller's), for measurements.
+/// The chunk size the CPU's fused forward computes `p` in: the caller's `chunk_size`, or less
+/// where that measured faster and no chunk states (which come at the caller's granularity) are
+/// asked for. Per token and value head the chunk's own products (`k k^T`, `q k^T`, the
+/// tri-solve's application, the causal `o` term) cost about `BT (K + V) / 2` multiply-adds
+/// against the state products' `3 K V`, so at K = V = 128 chunks of 32 do about a tenth fewer
+/// operations than chunks of 64; the result changes only by rounding. With the AVX2 kernel (a
+/// 2-core Zen 3, T=4096, H=16, HV=32, K=V=128, f32) chunks of 32 were faster in 32 of 44
+/// interleaved pairs at one and two threads, by 5-10 % (NOTES-CPU.md); the AVX-512 kernel
+/// keeps the caller's chunk until measured there, and the portable build takes 32 for the
+/// operation count alone. `DELTANET_CPU_CHUNK=16|32|64`, read once, sets it (never above the
+/// caller's), for measurements.
 ///
 /// ```
 /// use deltanet::{Dims, Options, Problem};
@@ -286,17 +287,20 @@ pub fn computed_chunk_size(p: &Problem, opts: &Options) -> usize {
     if opts.output_chunk_states {
         return p.chunk_size();
     }
-    let chosen = std::env::var("DELTANET_CPU_CHUNK")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|bt| crate::options::CHUNK_SIZES.contains(bt))
-        .unwrap_or_else(|| {
-            #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-            if super::kernel::have_avx512() {
-                return p.chunk_size();
-            }
-            32
-        });
+    static FROM_ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let from_env = FROM_ENV.get_or_init(|| {
+        std::env::var("DELTANET_CPU_CHUNK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|bt| crate::options::CHUNK_SIZES.contains(bt))
+    });
+    let chosen = from_env.unwrap_or_else(|| {
+        #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+        if super::kernel::have_avx512() {
+            return p.chunk_size();
+        }
+        32
+    });
     chosen.min(p.chunk_size())
 }
 
