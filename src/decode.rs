@@ -462,8 +462,9 @@ fn cpu_decode_in_pool(
     // medians of eight interleaved rounds): NOTES-CPU.md.
     let tasks = n * hv * tiles;
     let states = 4 * n * hv * kv;
-    let fits_cache =
-        avx512_step() && states > 8 << 20 && 2 * states <= 3 * crate::cpu::last_level_cache();
+    let fits_cache = crate::cpu::avx512_kernels()
+        && states > 8 << 20
+        && 2 * states <= 3 * crate::cpu::last_level_cache();
     let per_run = if t == 1 && !fits_cache {
         (tasks / (8 * rayon::current_num_threads())).clamp(1, 16)
     } else {
@@ -972,13 +973,4 @@ mod cuda_host {
         let o = Tensor::from_bytes(s.out_dtype, &o, vec![sh.n, sh.t, sh.hv, sh.dv])?.into_owned();
         Ok((o, pool, ts))
     }
-}
-
-/// Whether this CPU takes the AVX-512 decode step (`token_steps`' widest form).
-fn avx512_step() -> bool {
-    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-    if crate::cpu::kernel::have_avx512() {
-        return true;
-    }
-    false
 }

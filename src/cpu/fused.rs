@@ -294,11 +294,9 @@ pub fn computed_chunk_size(p: &Problem, opts: &Options) -> usize {
             .and_then(|v| v.parse().ok())
             .filter(|bt| crate::options::CHUNK_SIZES.contains(bt))
     });
-    let chosen = from_env.unwrap_or_else(|| {
-        #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-        if super::kernel::have_avx512() {
-            return p.chunk_size();
-        }
+    let chosen = from_env.unwrap_or(if super::avx512_kernels() {
+        p.chunk_size()
+    } else {
         32
     });
     chosen.min(p.chunk_size())

@@ -44,6 +44,16 @@ use crate::host::HostIo;
 use crate::options::Options;
 use crate::problem::{Inputs, Problem};
 
+/// Whether this build and CPU take the AVX-512 kernels (products, decode step), for the choices
+/// measured per instruction set.
+pub(crate) fn avx512_kernels() -> bool {
+    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+    if kernel::have_avx512() {
+        return true;
+    }
+    false
+}
+
 /// Runs `f(task)` for every task in `0..n` on rayon's pool; for `small` work with a pool of one
 /// thread, on the calling thread instead. Handing a decode step of about 0.1 ms to the pool and
 /// sleeping until it is done (waking a worker, then the caller) costs about as much as the step
