@@ -6,8 +6,9 @@
 # shapes; a second round: exact B=8 and varlen), JSON per run; (3) the setting to land chosen
 # from (2) (exact B=8 and varlen, both rounds); with it T=2048 (the split kernel) and T=65536;
 # FLA on the issue shapes; (4) with that setting: the fast test, non-finite rows,
-# engine, racecheck both precisions, memcheck varlen; (5) time per token 16K..512K; (6) FlashQLA
-# on the issue shapes when callBR1.sh installed its wheels just before on this machine.
+# engine, racecheck both precisions, memcheck varlen; FlashQLA on the issue shapes beside FLA when
+# callBR1.sh installed its wheels just before on this machine. callBS.sh follows on the same
+# machine: sanitizers over a selftest run, time per token.
 # run(command="bash .dev/all/callBR.sh", carry=[".dev/all", ".gpu/fla", ".gpu/anchors.py", ".gpu/vectors"])
 # (add ".gpu/z3" after callBR1.sh for FlashQLA)
 cd "$(dirname "$0")"
@@ -39,7 +40,7 @@ W=0
 if grep -q "rc=0" $R/fused_equals.txt && grep -q "rc=0" $R/selftest.txt \
    && awk -v a="$(sum 1)" -v b="$(sum 0)" 'BEGIN {exit !(a > 0 && a < b)}'; then W=1; fi
 echo "wgtri sums: on $(sum 1) off $(sum 0) -> W=$W" | tee $R/choice.txt
-export DELTANET_FUSED_WGTRI=$W
+export DELTANET_FUSED_WGTRI=$W; echo $W > /tmp/deltanet_wgtri
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $TOP/.gpu/fla/*.whl > $R/pip.txt 2>&1; echo "pip rc=$?"
 ls $TOP/.gpu/z3/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target /tmp/site $TOP/.gpu/z3/*.whl >> $R/pip.txt 2>&1
 export PYTHONPATH=/tmp/site
@@ -50,11 +51,9 @@ for P in exact fast; do
 done 2>&1 | tee $R/chosen.txt
 timeout 150 python3 $TOP/.gpu/anchors.py --impl fla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/fla_shapes.json 2>&1 | tail -6 | tee $R/fla.txt
 pack
-checks_and_sanitizers
-pack
-per_token 16384 131072 524288
-pack
 if python3 -c "import flash_qla" 2>/dev/null; then
   timeout 200 python3 $TOP/.gpu/anchors.py --impl flashqla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/qla_shapes.json 2>&1 | tail -6 | tee $R/qla.txt
   pack
 fi
+checks_and_sanitizers
+pack
