@@ -64,7 +64,12 @@ impl Exchange for InProcess {
 
     fn all_gather(&self, rank: usize, mine: Vec<f32>) -> Result<Vec<Vec<f32>>> {
         let poisoned = |_| Error::Internal("a rank panicked during the exchange".into());
-        self.slots.lock().map_err(poisoned)?[rank] = mine;
+        let mut slots = self.slots.lock().map_err(poisoned)?;
+        let ranks = slots.len();
+        *slots.get_mut(rank).ok_or_else(|| {
+            Error::invalid("rank", format!("below the exchange's {ranks} ranks"), rank)
+        })? = mine;
+        drop(slots);
         self.barrier.wait();
         let all = self.slots.lock().map_err(poisoned)?.clone();
         // Nobody writes a slot again before everyone has read them all.
@@ -184,6 +189,13 @@ pub fn forward_rank(
     rank: usize,
     ex: &dyn Exchange,
 ) -> Result<RankOutput> {
+    if rank >= ex.ranks() {
+        return Err(Error::invalid(
+            "rank",
+            format!("below the exchange's {} ranks", ex.ranks()),
+            rank,
+        ));
+    }
     let last_rank = rank + 1 == ex.ranks();
     let prepared = prepare(device, shard, cu_seqlens, &tokens, opts, last_rank);
     let mine = prepared.as_ref().map_or(Vec::new(), |p| p.summary.clone());
@@ -309,7 +321,34 @@ fn prepare(
             format!("{shape:?}"),
         ));
     }
-    let (hv, dv, dk) = (shape[2], shape[3], shard.k.shape()[3]);
+    check_offsets(cu_seqlens, tokens)?;
+    // The shard as a batch of its own (shapes, dtypes, gate parameters against the options);
+    // its initial state is the whole batch's, checked against the offsets below.
+    let local = Inputs {
+        initial_state: None,
+        cu_seqlens: None,
+        ..shard.clone()
+    };
+    let lp = crate::problem::Problem::from_inputs(&local, opts)?;
+    let (hv, dv, dk) = (lp.v_heads(), lp.dv(), lp.dk());
+    if let Some(h0) = &shard.initial_state {
+        let seqs = cu_seqlens.len() - 1;
+        let want = if opts.state_v_first {
+            [seqs, hv, dv, dk]
+        } else {
+            [seqs, hv, dk, dv]
+        };
+        if h0.shape() != want {
+            return Err(Error::invalid(
+                "initial_state",
+                format!("{want:?} (the whole batch's, one per sequence of cu_seqlens)"),
+                format!("{:?}", h0.shape()),
+            ));
+        }
+        if h0.dtype() != DType::F32 {
+            return Err(Error::invalid("initial_state", "dtype f32", h0.dtype()));
+        }
+    }
     let kv = dk * dv;
     let pieces = pieces(cu_seqlens, tokens, last_rank);
     let mut summary = Vec::new();
@@ -375,6 +414,37 @@ fn prepare(
         dv,
         v_first: opts.state_v_first,
     })
+}
+
+/// The whole batch's offsets: from 0, never falling, reaching past the rank's tokens.
+fn check_offsets(cu: &[i64], tokens: &Range<usize>) -> Result<()> {
+    if cu.len() < 2 {
+        return Err(Error::invalid("cu_seqlens", "at least 2 offsets", cu.len()));
+    }
+    if cu[0] != 0 {
+        return Err(Error::invalid("cu_seqlens", "cu_seqlens[0] = 0", cu[0]));
+    }
+    if let Some(i) = (1..cu.len()).find(|&i| cu[i] < cu[i - 1]) {
+        return Err(Error::invalid(
+            "cu_seqlens",
+            "offsets that never fall",
+            format!(
+                "cu_seqlens[{i}] = {} < cu_seqlens[{}] = {}",
+                cu[i],
+                i - 1,
+                cu[i - 1]
+            ),
+        ));
+    }
+    let total = cu[cu.len() - 1];
+    if tokens.start > tokens.end || u64::try_from(total).map_or(true, |t| (tokens.end as u64) > t) {
+        return Err(Error::invalid(
+            "tokens",
+            format!("a range within the batch's {total} tokens"),
+            format!("{tokens:?}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Every rank of a packed batch `x` (B = 1) in this process, one thread each, rank r holding

@@ -155,6 +155,112 @@ fn bad_cuts_and_batches_are_refused() {
     assert!(e.to_string().starts_with("q:"), "{e}");
 }
 
+/// `forward_rank` called by hand (as a process of a multi-process job would) with a malformed
+/// shard, initial state, offsets, token range or rank number: an error naming the argument on
+/// that rank, never a panic; and with two ranks on threads, the other rank still returns (the
+/// failing one reaches the exchange), so a bad shard cannot hang the job.
+#[test]
+fn forward_rank_refuses_bad_shards_without_hanging_the_others() {
+    use deltanet::cp::{forward_rank, InProcess};
+    use deltanet::Tensor;
+    let mut rng = Rng::new(11);
+    let mut spec = Spec::random(&mut rng);
+    spec.b = 1;
+    spec.t = 10;
+    spec.varlen = false;
+    let c = spec.build().unwrap();
+    let (x, opts) = (&c.inputs, &c.opts);
+    let shard = |rows: std::ops::Range<usize>| {
+        let cut = |t: &Tensor<'_>| {
+            let per: usize = t.shape()[2..].iter().product::<usize>() * t.dtype().size();
+            let mut shape = t.shape().to_vec();
+            shape[1] = rows.len();
+            Tensor::from_bytes(
+                t.dtype(),
+                &t.as_bytes()[rows.start * per..rows.end * per],
+                shape,
+            )
+            .unwrap()
+            .into_owned()
+        };
+        Inputs {
+            q: cut(&x.q),
+            k: cut(&x.k),
+            v: cut(&x.v),
+            g: cut(&x.g),
+            beta: cut(&x.beta),
+            cu_seqlens: None,
+            ..x.clone()
+        }
+    };
+    let whole = [0i64, 10];
+    let one = || InProcess::new(1);
+    let run = |s: &Inputs<'_>, cu: &[i64], tokens: std::ops::Range<usize>, rank: usize| {
+        forward_rank(&Device::Cpu, s, cu, tokens, opts, rank, &one())
+    };
+    assert!(run(&shard(0..10), &whole, 0..10, 0).is_ok());
+    let mut bad_k = shard(0..10);
+    let kd = bad_k.k.shape().to_vec();
+    bad_k.k = Tensor::from_f32(vec![0.1; kd.iter().product()], vec![kd[1], kd[2], kd[3]]).unwrap();
+    let mut bad_h0 = shard(0..10);
+    bad_h0.initial_state = Some(Tensor::from_f32(vec![0.0; 4], vec![1, 1, 2, 2]).unwrap());
+    for (what, s, cu, tokens, rank, arg) in [
+        ("k of rank 3", &bad_k, &whole[..], 0..10, 0, "k:"),
+        (
+            "an initial state not [N, HV, K, V]",
+            &bad_h0,
+            &whole[..],
+            0..10,
+            0,
+            "initial_state:",
+        ),
+        (
+            "offsets from -5",
+            &shard(0..10),
+            &[-5i64, 10][..],
+            0..10,
+            0,
+            "cu_seqlens:",
+        ),
+        (
+            "falling offsets",
+            &shard(0..10),
+            &[0i64, 7, 5, 10][..],
+            0..10,
+            0,
+            "cu_seqlens:",
+        ),
+        (
+            "tokens past the batch",
+            &shard(0..10),
+            &[0i64, 8][..],
+            0..10,
+            0,
+            "tokens:",
+        ),
+        ("rank 3 of 1", &shard(0..10), &whole[..], 0..10, 3, "rank:"),
+    ] {
+        let e = run(s, cu, tokens, rank).unwrap_err();
+        assert!(e.to_string().starts_with(arg), "{what}: {e}");
+    }
+    // Two ranks; rank 0's shard is malformed.
+    let ex = InProcess::new(2);
+    let (bad, good) = (
+        Inputs {
+            k: bad_k.k.clone(),
+            ..shard(0..5)
+        },
+        shard(5..10),
+    );
+    let (r0, r1) = std::thread::scope(|sc| {
+        let a = sc.spawn(|| forward_rank(&Device::Cpu, &bad, &whole, 0..5, opts, 0, &ex));
+        let b = sc.spawn(|| forward_rank(&Device::Cpu, &good, &whole, 5..10, opts, 1, &ex));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(r0.unwrap_err().to_string().starts_with("k:"));
+    assert!(r1.is_ok(), "{:?}", r1.err());
+}
+
 /// NCCL ranks need one GPU each: the CPU, or fewer devices than ranks, are refused by name
 /// before any library is opened.
 #[cfg(feature = "nccl")]
