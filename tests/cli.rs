@@ -1409,6 +1409,32 @@ fn plot_draws_bench_and_anchor_files() {
         assert_eq!(o.status.code(), Some(1));
         assert!(stderr(&o).contains(needle), "{}", stderr(&o));
     }
+    // Points no log axis can hold (a zero time, T or B): refused, not drawn (plotters' log
+    // scale does not end on such a range).
+    for (i, (b, t, ms)) in [(1, 64, "0"), (1, 0, "0.5"), (0, 64, "0.5"), (1, 64, "-1")]
+        .into_iter()
+        .enumerate()
+    {
+        let f = dir.join(format!("zero{i}.json"));
+        std::fs::write(
+            &f,
+            format!(
+                r#"[{{"impl": "fla", "work": "prefill", "B": {b}, "T": {t}, "H": 2, "HV": 4, "K": 16, "V": 16, "ms": {ms}}}]"#
+            ),
+        )
+        .unwrap();
+        let o = wait_at_most(
+            spawn(&argv("plot --out {} {}", &[&svg, &f])),
+            60,
+            "plot of a zero point",
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("a positive finite time"),
+            "{}",
+            stderr(&o)
+        );
+    }
 }
 
 /// `bench --ranks N`: the prefill split among N ranks beside the plain forward (rows and the

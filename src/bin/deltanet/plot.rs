@@ -40,7 +40,23 @@ struct Point {
 
 impl Point {
     fn ns_per_token(&self) -> f64 {
-        self.ms * 1e6 / (self.shape[0] * self.t) as f64
+        self.ms * 1e6 / (self.shape[0] as f64 * self.t as f64)
+    }
+
+    /// The point where it can stand on the log axes: B and T of one or more, a positive finite
+    /// time (plotters' log scale does not end on a zero or infinite range).
+    fn checked(self, file: &Path) -> Result<Point, Failure> {
+        let per_token = self.ns_per_token();
+        if self.shape[0] == 0 || self.t == 0 || !(per_token > 0.0 && per_token.is_finite()) {
+            return Err(Failure::data(format!(
+                "{}: expected B >= 1, T >= 1 and a positive finite time, got B = {}, T = {}, {} ms",
+                file.display(),
+                self.shape[0],
+                self.t,
+                self.ms
+            )));
+        }
+        Ok(self)
     }
 }
 
@@ -88,12 +104,15 @@ fn read_points(file: &Path) -> Result<(Vec<Point>, Option<String>), Failure> {
                 let ms = r.get("median_ms").and_then(Value::as_f64).ok_or_else(|| {
                     Failure::data(format!("{}: a result without median_ms", file.display()))
                 })?;
-                points.push(Point {
-                    label: format!("deltanet {precision}"),
-                    shape: dims,
-                    t,
-                    ms,
-                });
+                points.push(
+                    Point {
+                        label: format!("deltanet {precision}"),
+                        shape: dims,
+                        t,
+                        ms,
+                    }
+                    .checked(file)?,
+                );
             }
             let device = o.get("device").and_then(Value::as_str).map(str::to_string);
             Ok((points, device))
@@ -108,18 +127,21 @@ fn read_points(file: &Path) -> Result<(Vec<Point>, Option<String>), Failure> {
                 let ms = r.get("ms").and_then(Value::as_f64).ok_or_else(|| {
                     Failure::data(format!("{}: a row without \"ms\": {r}", file.display()))
                 })?;
-                points.push(Point {
-                    label: impl_.to_string(),
-                    shape: [
-                        field(r, "B", file)?,
-                        field(r, "H", file)?,
-                        field(r, "HV", file)?,
-                        field(r, "K", file)?,
-                        field(r, "V", file)?,
-                    ],
-                    t: field(r, "T", file)?,
-                    ms,
-                });
+                points.push(
+                    Point {
+                        label: impl_.to_string(),
+                        shape: [
+                            field(r, "B", file)?,
+                            field(r, "H", file)?,
+                            field(r, "HV", file)?,
+                            field(r, "K", file)?,
+                            field(r, "V", file)?,
+                        ],
+                        t: field(r, "T", file)?,
+                        ms,
+                    }
+                    .checked(file)?,
+                );
             }
             Ok((points, None))
         }
