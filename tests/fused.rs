@@ -212,12 +212,13 @@ fn tunings() -> Vec<fused::Tuning> {
             segments: Some(2),
             ..Tuning::default()
         },
-        // The triangular products on warpgroup products too (opt-in).
+        // The triangular products on mma.sync beside the warpgroup products (the default
+        // puts them on warpgroup products too).
         Tuning {
             regs: Some(true),
             vt: Some(128),
             wgmma: Some(true),
-            wg_tri: Some(true),
+            wg_tri: Some(false),
             ..Tuning::default()
         },
     ]

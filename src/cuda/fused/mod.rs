@@ -369,7 +369,7 @@ pub fn standard_configs() -> Vec<Config> {
         ..config(128, 128, 128, DType::BF16, 2, false)
     });
     // The warpgroup products (sm_90 only: `offline::all_modules` leaves them out elsewhere), in
-    // both precisions as they run, and with the triangular products on them too (opt-in).
+    // both precisions, with the triangular products on them (as they run) and on mma.sync.
     for wg_tri in [false, true] {
         v.push(Config {
             regs: true,
@@ -520,8 +520,9 @@ pub struct Tuning {
     /// The plain `chunk_recurrent_regs` on warpgroup products (wgmma) where it applies (an
     /// sm_90 GPU, K a multiple of 64, 64 or 128 columns a block); by default there.
     pub wgmma: Option<bool>,
-    /// With the warpgroup products: the triangular ones (`a_inv`, `p`) on them too; off by
-    /// default (host-emulated; its first GPU measurement is pending, NOTES-GPU.md).
+    /// With the warpgroup products: the triangular ones (`a_inv`, `p`) on them too; by default
+    /// (as fast as on `mma.sync` within 0.2 % on an H100, and the exact kernel without the
+    /// register spills it has otherwise: NOTES-GPU.md, call BR).
     pub wg_tri: Option<bool>,
 }
 
@@ -708,7 +709,10 @@ fn regs_config_for(
     // The warpgroup products wherever they apply (the plain kernel on an sm_90 GPU; whole
     // chunks: no row skip there). Measured on an H100 (NOTES-GPU.md, call BO): the recurrent
     // kernel 13 % (exact) and 16 % (fast) faster at B=8 T=8192, the forward 8-10 % on the issue
-    // shapes it runs, varlen included (where it replaces the row skip).
+    // shapes it runs, varlen included (where it replaces the row skip). The triangular products
+    // on them too: the same speed (call BR, H100: exact B=8 and varlen summed over two rounds
+    // 13.343 ms against 13.365) with no spills in the exact kernel (254 registers against 255
+    // and 96 bytes of spill stores on mma.sync).
     if tuning.wgmma.unwrap_or(true)
         && !split
         && dev.arch() == "sm_90"
@@ -717,7 +721,7 @@ fn regs_config_for(
     {
         cfg.wgmma = true;
         cfg.row_skip = false;
-        cfg.wg_tri = tuning.wg_tri == Some(true);
+        cfg.wg_tri = tuning.wg_tri.unwrap_or(true);
     }
     let max = dev.max_shared_per_block();
     // Where two whole stage buffers do not fit beside the plain kernel's state (the exact
