@@ -1491,3 +1491,37 @@ fn bench_ranks_times_the_split_prefill() {
         assert!(stderr(&o).contains(needle), "{args}: {}", stderr(&o));
     }
 }
+
+/// `bench --work decode --pool N`: a pool that i32 indices cannot name, or that the memory cannot
+/// hold, is refused by name before anything is allocated (not an abort, not a wrapped size).
+#[test]
+fn bench_decode_refuses_pools_it_cannot_hold() {
+    for (pool, shape, code, needle) in [
+        (
+            "3000000000",
+            "1,16,1,1,4,4",
+            2,
+            "--pool: at most 2147483647 rows",
+        ),
+        ("4611686018427387905", "1,16,1,1,2,2", 2, "--pool: at most"),
+        (
+            "2000000000",
+            "1,16,2,4,128,128",
+            1,
+            "--pool: too large to allocate",
+        ),
+    ] {
+        let o = wait_at_most(
+            spawn(&argv(
+                &format!(
+                    "bench --device cpu --work decode --repeats 1 --warmup 0 --shape {shape} --pool {pool}"
+                ),
+                &[],
+            )),
+            60,
+            "bench with a huge pool",
+        );
+        assert_eq!(o.status.code(), Some(code), "{pool}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{pool}: {}", stderr(&o));
+    }
+}

@@ -47,13 +47,34 @@ pub fn run(device: &Device, a: &DecodeBench, bar: &ProgressBar) -> Result<Vec<Ti
         state_v_first: a.state_v_first,
         ..Options::default()
     };
+    // Pool rows are named by i32 indices in the bench.
+    if rows > i32::MAX as usize {
+        return Err(Failure::usage(format!(
+            "--pool: at most {} rows (i32 indices), got {rows}",
+            i32::MAX
+        )));
+    }
     crate::layer_problem("--shape", [n, t, h, hv, k, v], &opts)?;
+    let row_len = hv * k * v;
+    // The pool and its aligned copy, in f32.
+    let pool_bytes = rows
+        .checked_mul(row_len)
+        .and_then(|e| e.checked_mul(8))
+        .ok_or_else(|| Failure::data(format!("--pool: {rows} rows of {row_len} f32 overflow")))?;
+    if let Some(avail) = deltanet::io::available_memory() {
+        if pool_bytes as u128 > avail {
+            return Err(Failure::data(format!(
+                "--pool: too large to allocate: {rows} rows need about {:.1} GiB, {:.1} GiB available",
+                pool_bytes as f64 / (1u64 << 30) as f64,
+                avail as f64 / (1u64 << 30) as f64
+            )));
+        }
+    }
     let mut rng = Rng::new(0);
     let x = layer_inputs(&mut rng, [n, t, h, hv, k, v], a.dtype, true)?;
-    let row_len = hv * k * v;
     let pool: Vec<f32> = rng.normal(rows * row_len, 0.1);
-    let read: Option<Vec<i32>> = a.pool.map(|p| {
-        let mut r: Vec<i32> = (0..p as i32).collect();
+    let read: Option<Vec<i32>> = a.pool.map(|_| {
+        let mut r: Vec<i32> = (0..rows as i32).collect();
         for i in (1..r.len()).rev() {
             r.swap(i, rng.int(0, i));
         }
