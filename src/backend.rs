@@ -10,9 +10,14 @@ use crate::problem::Problem;
 /// Why: the chunked form exponentiates differences of the within-chunk cumulative sum `gamma`.
 /// After g = -inf that difference would be -inf - -inf = NaN, and after g = -1e4 the sum is so
 /// large that the small gates after it vanish in its rounding. Restarting the sum at such a token
-/// and remembering that a reset happened keeps every difference defined and small. e^-40 is about
-/// 4e-18, far below f32's resolution of anything the state is added to, so zeroing it changes
-/// results by less than rounding does.
+/// and remembering that a reset happened keeps every difference defined and small.
+///
+/// What it changes: e^-40 is about 4e-18, so zeroing the decay moves a result by at most that
+/// times the state's magnitude: below f32's rounding wherever the tokens after the gate write
+/// anything within about 1e-10 of the state's size, but all of the answer where nothing is
+/// written after it (beta = 0 there) and only the decayed state remains. The per-token paths
+/// ([`crate::recurrent_step`], [`crate::decode`]) multiply by exp(g) as it is, so in that case
+/// they and the chunked forward differ (by e^-40 of the state at most).
 pub const RESET_LOG_DECAY: f32 = -40.0;
 
 /// The within-chunk cumulative gate, as FLA's `gamma = cumsum(g)` plus what makes its

@@ -134,7 +134,8 @@ pub struct Output {
 ///   gives, as a rule NaN or infinite (the per-token recurrence propagates them too);
 /// - other sequences and value heads are unaffected.
 ///
-/// A g of -infinity is no error but a hard reset of the state (see [`RESET_LOG_DECAY`]); a
+/// g holds log-decays: a finite g above 0 is an error (`g`; see [`Problem::from_inputs`]). A g of
+/// -infinity is no error but a hard reset of the state (see [`RESET_LOG_DECAY`]); a
 /// non-finite `initial_state`, `A_log` or `dt_bias` reaches every token of the heads it belongs
 /// to. Nothing is checked or reported: a caller who must know scans its inputs.
 pub fn forward(device: &Device, x: &Inputs<'_>, opts: &Options) -> Result<Output> {

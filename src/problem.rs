@@ -129,6 +129,30 @@ fn dims_of(arg: &'static str, t: &Tensor<'_>, rank: usize) -> Result<Vec<usize>>
     Ok(t.shape().to_vec())
 }
 
+/// g `[B, T, HV]` as log-decays: no finite value above 0. The chunked forward takes
+/// exponentials of sums of g over up to a chunk of tokens, which a positive gate makes grow as
+/// `e^(64 g)`, and with them its rounding errors (g = 1 leaves nothing of the answer), where the
+/// per-token recurrence multiplies by `e^g` once a token. A gate is a decay in (0, 1] by
+/// construction (`-exp(A_log) softplus(..)`, a log-sigmoid); infinities and NaN keep the
+/// non-finite rules of [`crate::forward`].
+fn check_log_decays(g: &Tensor<'_>, t: usize, hv: usize) -> Result<()> {
+    let values = g.to_f32();
+    match values.iter().position(|&x| x > 0.0 && x.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(Error::invalid(
+            "g",
+            "log-decays <= 0 (a decay exp(g) in (0, 1])",
+            format!(
+                "g[{}, {}, {}] = {}",
+                i / (t * hv).max(1),
+                i / hv.max(1) % t.max(1),
+                i % hv.max(1),
+                values[i]
+            ),
+        )),
+    }
+}
+
 fn expect_shape(arg: &'static str, t: &Tensor<'_>, want: &[usize], names: &str) -> Result<()> {
     if t.shape() != want {
         return Err(Error::invalid(
@@ -267,6 +291,8 @@ impl Problem {
     }
 
     /// Validates every input tensor against the others and the options, and builds the tables.
+    /// Values are not checked but for g, which must hold log-decays (no finite value above 0)
+    /// unless `gate_in_kernel` takes it as the raw gate input.
     pub fn from_inputs(x: &Inputs<'_>, opts: &Options) -> Result<Problem> {
         let q = dims_of("q", &x.q, 4)?;
         let (b, t, h, dk) = (q[0], q[1], q[2], q[3]);
@@ -339,6 +365,8 @@ impl Problem {
                     Some(t) => expect_shape(arg, t, &[hv], "[HV]")?,
                 }
             }
+        } else {
+            check_log_decays(&x.g, t, hv)?;
         }
         Ok(p)
     }

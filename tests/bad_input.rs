@@ -10,13 +10,18 @@ fn t(shape: &[usize]) -> Tensor<'static> {
     Tensor::from_f32(vec![0.1; shape.iter().product()], shape.to_vec()).unwrap()
 }
 
+/// Gates (log-decays) of -0.1.
+fn gates(shape: &[usize]) -> Tensor<'static> {
+    Tensor::from_f32(vec![-0.1; shape.iter().product()], shape.to_vec()).unwrap()
+}
+
 /// A valid problem: B=2, T=10, H=2, HV=4, K=8, V=6.
 fn good() -> Inputs<'static> {
     Inputs::new(
         t(&[2, 10, 2, 8]),
         t(&[2, 10, 2, 8]),
         t(&[2, 10, 4, 6]),
-        t(&[2, 10, 4]),
+        gates(&[2, 10, 4]),
         t(&[2, 10, 4]),
     )
 }
@@ -123,7 +128,7 @@ fn zero_batch() {
         t(&[0, 10, 2, 8]),
         t(&[0, 10, 2, 8]),
         t(&[0, 10, 4, 6]),
-        t(&[0, 10, 4]),
+        gates(&[0, 10, 4]),
         t(&[0, 10, 4]),
     );
     expect_err(&x, &Options::default(), "q", "B (q.shape[0]) >= 1");
@@ -136,7 +141,7 @@ fn empty_sequences_are_fine() {
         t(&[1, 0, 1, 4]),
         t(&[1, 0, 1, 4]),
         t(&[1, 0, 1, 3]),
-        t(&[1, 0, 1]),
+        gates(&[1, 0, 1]),
         t(&[1, 0, 1]),
     );
     x.initial_state = Some(t(&[1, 1, 4, 3]));
@@ -170,7 +175,7 @@ fn varlen(cu: Vec<i64>) -> Inputs<'static> {
             t(&[1, 10, 2, 8]),
             t(&[1, 10, 2, 8]),
             t(&[1, 10, 4, 6]),
-            t(&[1, 10, 4]),
+            gates(&[1, 10, 4]),
             t(&[1, 10, 4]),
         )
     }
@@ -292,7 +297,7 @@ fn many_empty_sequences_cannot_overflow_the_state() {
             t(&[1, 0, 1, 1 << 25]),
             t(&[1, 0, 1, 1 << 25]),
             t(&[1, 0, 1, 1 << 30]),
-            t(&[1, 0, 1]),
+            gates(&[1, 0, 1]),
             t(&[1, 0, 1]),
         )
     };
@@ -355,7 +360,7 @@ fn recurrent_step_checks_its_state() {
         t(&[2, 1, 2, 8]),
         t(&[2, 1, 2, 8]),
         t(&[2, 1, 4, 6]),
-        t(&[2, 1, 4]),
+        gates(&[2, 1, 4]),
         t(&[2, 1, 4]),
     );
     let mut state = vec![0f32; 2 * 4 * 8 * 6 - 1];
@@ -447,4 +452,40 @@ fn forward_into_checks_its_buffers() {
     };
     let err = deltanet::cpu::forward_into(&x, &with_h, &mut o, &mut s).unwrap_err();
     assert_eq!(arg_of(err), "opts.output_chunk_states");
+}
+
+/// g holds log-decays: a finite positive gate is refused by name and place (the chunked form
+/// would grow its rounding errors as e^(64 g)); 0, -inf (a hard reset) and +inf or NaN (the
+/// non-finite rules) are not; with `gate_in_kernel` g is the raw gate input, of any sign.
+#[test]
+fn positive_gates_are_refused() {
+    let mut g = vec![-0.1f32; 80];
+    g[(10 + 3) * 4 + 2] = 0.3;
+    let x = Inputs {
+        g: Tensor::from_f32(g.clone(), vec![2, 10, 4]).unwrap(),
+        ..good()
+    };
+    expect_err(&x, &Options::default(), "g", "g[1, 3, 2] = 0.3");
+    let mut state = vec![0f32; 2 * 4 * 8 * 6];
+    let e = recurrent_step(&Device::Cpu, &x, &mut state, &Options::default()).unwrap_err();
+    assert!(e.to_string().starts_with("g:"), "{e}");
+    for v in [0.0, f32::NEG_INFINITY, f32::INFINITY, f32::NAN] {
+        g[(10 + 3) * 4 + 2] = v;
+        let x = Inputs {
+            g: Tensor::from_f32(g.clone(), vec![2, 10, 4]).unwrap(),
+            ..good()
+        };
+        forward(&Device::Cpu, &x, &Options::default()).unwrap();
+    }
+    let opts = Options {
+        gate_in_kernel: true,
+        ..Options::default()
+    };
+    let x = Inputs {
+        g: t(&[2, 10, 4]),
+        a_log: Some(t(&[4])),
+        dt_bias: Some(t(&[4])),
+        ..good()
+    };
+    forward(&Device::Cpu, &x, &opts).unwrap();
 }
