@@ -489,3 +489,29 @@ fn positive_gates_are_refused() {
     };
     forward(&Device::Cpu, &x, &opts).unwrap();
 }
+
+/// A problem whose outputs cannot be allocated (here a 1 TiB final state with no tokens) is an
+/// error naming the output, not an aborted process.
+#[test]
+fn outputs_too_large_to_allocate_are_an_error() {
+    // Where the kernel grants any allocation (overcommit mode 1) the memory would be granted
+    // and then run out as it is written: nothing to test there.
+    if std::fs::read_to_string("/proc/sys/vm/overcommit_memory").is_ok_and(|m| m.trim() == "1") {
+        eprintln!("SKIPPED: vm.overcommit_memory = 1 grants every allocation");
+        return;
+    }
+    let (k, v) = (1usize << 34, 16);
+    let empty = |shape: &[usize]| Tensor::from_f32(Vec::new(), shape.to_vec()).unwrap();
+    let x = Inputs::new(
+        empty(&[1, 0, 1, k]),
+        empty(&[1, 0, 1, k]),
+        empty(&[1, 0, 1, v]),
+        empty(&[1, 0, 1]),
+        empty(&[1, 0, 1]),
+    );
+    let e = forward(&Device::Cpu, &x, &Options::default()).unwrap_err();
+    assert!(
+        e.to_string().starts_with("final_state: size overflows"),
+        "{e}"
+    );
+}

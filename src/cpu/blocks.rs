@@ -3,6 +3,7 @@
 //! of one chunk, and the small dense products.
 
 use crate::backend::Gamma;
+use crate::error::{Error, Result};
 use crate::problem::{Chunk, Problem};
 
 /// Splits a `[tokens, per_token]` output into the disjoint, contiguous row blocks of each chunk,
@@ -452,8 +453,8 @@ pub(crate) fn transpose(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
 /// A zeroed buffer of `len` f32 for a large output. Above a few MiB its pages are asked to be
 /// huge ones: such a buffer is first touched by the forward itself, and one fault per 2 MiB
 /// instead of one per 4 KiB is a visible share of the prefill's time.
-pub(crate) fn zeroed_output(len: usize) -> Vec<f32> {
-    let mut v = vec![0f32; len];
+pub(crate) fn zeroed_output(len: usize, arg: &'static str) -> Result<Vec<f32>> {
+    let mut v = try_zeroed(len, arg)?;
     #[cfg(target_os = "linux")]
     {
         const HUGE: usize = 2 << 20;
@@ -471,7 +472,32 @@ pub(crate) fn zeroed_output(len: usize) -> Vec<f32> {
             }
         }
     }
-    v
+    Ok(v)
+}
+
+/// `len` zeros, or an error naming `arg` where the memory cannot be had (a `vec!` of that size
+/// would abort the process).
+/// Zeroed by the allocator, as `vec!` does (fresh pages are not written twice).
+pub(crate) fn try_zeroed(len: usize, arg: &'static str) -> Result<Vec<f32>> {
+    let failed = || Error::Overflow {
+        arg,
+        detail: format!(
+            "{len} f32 ({:.1} GiB) could not be allocated",
+            len as f64 * 4.0 / (1u64 << 30) as f64
+        ),
+    };
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<f32>(len).map_err(|_| failed())?;
+    // SAFETY: the layout's size is not zero (len > 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f32>();
+    if ptr.is_null() {
+        return Err(failed());
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `len` f32 (the capacity
+    // given), and all its bytes are zero, which is 0.0 in every element.
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
 /// Outputs of at least this many bytes are written by non-temporal stores (see [`RowWriter`]):

@@ -14,8 +14,8 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::blocks::{
-    causal_dots, gather_rows_with, gemm, gemm_causal, prefetch, transpose, zeroed_output, Aligned,
-    Decays, RowWriter,
+    causal_dots, gather_rows_with, gemm, gemm_causal, prefetch, transpose, try_zeroed,
+    zeroed_output, Aligned, Decays, RowWriter,
 };
 use super::stages::chunk_output::output_block;
 use super::stages::chunk_state::advance_block;
@@ -256,8 +256,8 @@ pub(crate) fn fused_staged(
 }
 
 fn fused<R: ChunkRows>(p: &Problem, opts: &Options, x: &Sources<'_, R>) -> Result<FusedOut> {
-    let mut o = zeroed_output(p.tokens() * p.v_heads() * p.dv());
-    let mut final_state = vec![0f32; p.num_seqs() * p.v_heads() * p.state_len()];
+    let mut o = zeroed_output(p.tokens() * p.v_heads() * p.dv(), "o")?;
+    let mut final_state = try_zeroed(p.num_seqs() * p.v_heads() * p.state_len(), "final_state")?;
     let h = fused_into(p, opts, x, &mut o, &mut final_state, false)?;
     Ok(ForwardOut { o, h, final_state })
 }
