@@ -418,24 +418,7 @@ fn prepare(
 
 /// The whole batch's offsets: from 0, never falling, reaching past the rank's tokens.
 fn check_offsets(cu: &[i64], tokens: &Range<usize>) -> Result<()> {
-    if cu.len() < 2 {
-        return Err(Error::invalid("cu_seqlens", "at least 2 offsets", cu.len()));
-    }
-    if cu[0] != 0 {
-        return Err(Error::invalid("cu_seqlens", "cu_seqlens[0] = 0", cu[0]));
-    }
-    if let Some(i) = (1..cu.len()).find(|&i| cu[i] < cu[i - 1]) {
-        return Err(Error::invalid(
-            "cu_seqlens",
-            "offsets that never fall",
-            format!(
-                "cu_seqlens[{i}] = {} < cu_seqlens[{}] = {}",
-                cu[i],
-                i - 1,
-                cu[i - 1]
-            ),
-        ));
-    }
+    crate::problem::check_offsets(cu)?;
     let total = cu[cu.len() - 1];
     if tokens.start > tokens.end || u64::try_from(total).map_or(true, |t| (tokens.end as u64) > t) {
         return Err(Error::invalid(

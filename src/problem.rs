@@ -129,6 +129,30 @@ fn dims_of(arg: &'static str, t: &Tensor<'_>, rank: usize) -> Result<Vec<usize>>
     Ok(t.shape().to_vec())
 }
 
+/// Varlen offsets: at least two, from 0, never falling.
+pub(crate) fn check_offsets(cu: &[i64]) -> Result<()> {
+    if cu.len() < 2 {
+        return Err(Error::invalid("cu_seqlens", "at least 2 offsets", cu.len()));
+    }
+    if cu[0] != 0 {
+        return Err(Error::invalid("cu_seqlens", "cu_seqlens[0] = 0", cu[0]));
+    }
+    if let Some(i) = (1..cu.len()).find(|&i| cu[i] < cu[i - 1]) {
+        return Err(Error::invalid(
+            "cu_seqlens",
+            "non-decreasing offsets",
+            format!(
+                "cu_seqlens[{}] = {} < cu_seqlens[{}] = {}",
+                i,
+                cu[i],
+                i - 1,
+                cu[i - 1]
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// g `[B, T, HV]` as log-decays: no finite value above 0. The chunked forward takes
 /// exponentials of sums of g over up to a chunk of tokens, which a positive gate makes grow as
 /// `e^(64 g)`, and with them its rounding errors (g = 1 leaves nothing of the answer), where the
@@ -233,25 +257,7 @@ impl Problem {
                         format!("B = {batch}"),
                     ));
                 }
-                if cu.len() < 2 {
-                    return Err(Error::invalid("cu_seqlens", "at least 2 offsets", cu.len()));
-                }
-                if cu[0] != 0 {
-                    return Err(Error::invalid("cu_seqlens", "cu_seqlens[0] = 0", cu[0]));
-                }
-                if let Some(i) = (1..cu.len()).find(|&i| cu[i] < cu[i - 1]) {
-                    return Err(Error::invalid(
-                        "cu_seqlens",
-                        "non-decreasing offsets",
-                        format!(
-                            "cu_seqlens[{}] = {} < cu_seqlens[{}] = {}",
-                            i,
-                            cu[i],
-                            i - 1,
-                            cu[i - 1]
-                        ),
-                    ));
-                }
+                check_offsets(cu)?;
                 let last = cu[cu.len() - 1];
                 if last != seq_len as i64 {
                     return Err(Error::invalid(
