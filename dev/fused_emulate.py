@@ -6,6 +6,7 @@ cp.async written out, each cp.async landing only at the wait that covers its gro
 fused_emulate_driver.cpp against a float64 recurrence. No GPU needed:
     python3 dev/fused_emulate.py [cases]   (12 by default; needs g++ with C++20)
     EMU_TRI_SKIP=1: the WG_TRI configuration with TRI_SKIP (n = 64 - 16 kb)
+    EMU_INTRA=diag,doubling: chunk_intra's row norms from the diagonals, the inverse by doubling
     EMU_CONFS=14,15 python3 dev/fused_emulate.py 17   (only those configurations' cases)
 A kernel change can so be checked before device time is spent on it (it is slow: small shapes)."""
 import os
@@ -105,6 +106,9 @@ def main():
     # row skip (EMU_TRI_SKIP=1: n = 64 - 16 kb).
     tri = {len(confs) + 3}
     tri_skip = os.environ.get("EMU_TRI_SKIP", "0")
+    # chunk_intra's variants (Config::intra_diag, intra_doubling): EMU_INTRA=diag,doubling.
+    intra = os.environ.get("EMU_INTRA", "").split(",")
+    intra_diag, intra_doubling = int("diag" in intra), int("doubling" in intra)
     confs = confs + wg_confs
     first_wg = len(confs) - len(wg_confs)
     entries = []
@@ -115,7 +119,8 @@ def main():
              f"#define HBUF {1 + hbuf}\n#define LATE_PLANES {late}\n"
              # Every other configuration with short chunks' empty row blocks skipped.
              f"#define ROW_SKIP {0 if n >= first_wg else n % 2}\n#define WGMMA {int(n >= first_wg)}\n"
-             f"#define WG_TRI {int(n in tri)}\n#define TRI_SKIP {tri_skip}\n")
+             f"#define WG_TRI {int(n in tri)}\n#define TRI_SKIP {tri_skip}\n"
+             f"#define INTRA_DIAG {intra_diag}\n#define INTRA_DOUBLING {intra_doubling}\n")
         for kernel, fn in [("chunk_intra.cu", "chunk_intra"), ("chunk_recurrent_regs.cu", "chunk_recurrent_regs")]:
             name = f"{fn}_{n}"
             threads = "256" if fn == "chunk_intra" else "THREADS"

@@ -221,6 +221,29 @@ fn tunings() -> Vec<fused::Tuning> {
             wg_tri: Some(false),
             ..Tuning::default()
         },
+        // chunk_intra's row norms from the products' diagonals and its inverse by doubling,
+        // together and each alone, in segments (the chunk decays' beta |k|^2 check) too.
+        Tuning {
+            regs: Some(true),
+            vt: Some(128),
+            intra_diag: Some(true),
+            intra_doubling: Some(true),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            vt: Some(32),
+            split: Some(true),
+            intra_diag: Some(true),
+            segments: Some(2),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            vt: Some(64),
+            intra_doubling: Some(true),
+            ..Tuning::default()
+        },
     ]
 }
 

@@ -141,6 +141,13 @@ pub struct Config {
     pub wgmma: bool,
     /// With `wgmma`: the triangular products (`a_inv`, `p`) as warpgroup products too (`WG_TRI`).
     pub wg_tri: bool,
+    /// `chunk_intra` takes the row norms from the diagonals of `K K^T` and `Q Q^T` on the
+    /// tensor cores instead of a phase of element-wise sums (`INTRA_DIAG`; with `regs` only:
+    /// where it writes f32 rows, its 64 registers would spill).
+    pub intra_diag: bool,
+    /// `chunk_intra` forms the blocks of `A_inv` below the diagonal by doubling (16 x 16, then
+    /// 32 x 32 halves) instead of block rows (`INTRA_DOUBLING`; with `regs` only, as above).
+    pub intra_doubling: bool,
 }
 
 impl Config {
@@ -150,7 +157,8 @@ impl Config {
             "#define DK {}\n#define DV {}\n#define VT {}\n#define IN_T {}\n#define FUSED_MMA {}\n\
              #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n\
              #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n#define HBUF {}\n#define LATE_PLANES {}\n\
-             #define ROW_SKIP {}\n#define WGMMA {}\n#define WG_TRI {}\n",
+             #define ROW_SKIP {}\n#define WGMMA {}\n#define WG_TRI {}\n#define INTRA_DIAG {}\n\
+             #define INTRA_DOUBLING {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -169,6 +177,8 @@ impl Config {
             i32::from(self.row_skip),
             i32::from(self.wgmma),
             i32::from(self.wg_tri),
+            i32::from(self.intra_diag),
+            i32::from(self.intra_doubling),
         )
     }
 
@@ -323,6 +333,8 @@ pub fn standard_configs() -> Vec<Config> {
         row_skip: false,
         wgmma: false,
         wg_tri: false,
+        intra_diag: false,
+        intra_doubling: false,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -388,6 +400,27 @@ pub fn standard_configs() -> Vec<Config> {
             ..config(128, 128, 128, DType::BF16, 2, false)
         });
     }
+    // chunk_intra with the row norms from the products' diagonals and the inverse by doubling
+    // (where it writes planes): both precisions as they run, and K = 64.
+    for pieces in [1, 3] {
+        v.push(Config {
+            regs: true,
+            pieces,
+            late_planes: pieces == 3,
+            wgmma: true,
+            wg_tri: true,
+            out: DType::BF16,
+            intra_diag: true,
+            intra_doubling: true,
+            ..config(128, 128, 128, DType::BF16, 2, false)
+        });
+    }
+    v.push(Config {
+        regs: true,
+        intra_diag: true,
+        intra_doubling: true,
+        ..config(64, 128, 64, DType::BF16, 2, false)
+    });
     // o written in bf16 by both recurrent kernels.
     v.push(Config {
         out: DType::BF16,
@@ -524,6 +557,10 @@ pub struct Tuning {
     /// (as fast as on `mma.sync` within 0.2 % on an H100, and the exact kernel without the
     /// register spills it has otherwise: NOTES-GPU.md, call BR).
     pub wg_tri: Option<bool>,
+    /// `chunk_intra`'s row norms from the products' diagonals (`Config::intra_diag`).
+    pub intra_diag: Option<bool>,
+    /// `chunk_intra`'s inverse below the diagonal by doubling (`Config::intra_doubling`).
+    pub intra_doubling: Option<bool>,
 }
 
 impl Tuning {
@@ -532,7 +569,7 @@ impl Tuning {
     /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`,
     /// `DELTANET_FUSED_HBUF=0|1`, `DELTANET_FUSED_SEGMENTS`, `DELTANET_FUSED_LATE=0|1`,
     /// `DELTANET_FUSED_BLOCKS`, `DELTANET_FUSED_ROWSKIP=0|1`, `DELTANET_FUSED_WGMMA=0|1`,
-    /// `DELTANET_FUSED_WGTRI=0|1`.
+    /// `DELTANET_FUSED_WGTRI=0|1`, `DELTANET_FUSED_INTRADIAG=0|1`, `DELTANET_FUSED_DOUBLING=0|1`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -558,6 +595,8 @@ impl Tuning {
             row_skip: flag("DELTANET_FUSED_ROWSKIP"),
             wgmma: flag("DELTANET_FUSED_WGMMA"),
             wg_tri: flag("DELTANET_FUSED_WGTRI"),
+            intra_diag: flag("DELTANET_FUSED_INTRADIAG"),
+            intra_doubling: flag("DELTANET_FUSED_DOUBLING"),
         }
     }
 }
@@ -604,6 +643,8 @@ fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &
         row_skip: false,
         wgmma: false,
         wg_tri: false,
+        intra_diag: false,
+        intra_doubling: false,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -705,6 +746,8 @@ fn regs_config_for(
             .unwrap_or_else(|| !split && short_chunks_share(p) >= ROW_SKIP_SHARE),
         wgmma: false,
         wg_tri: false,
+        intra_diag: tuning.intra_diag.unwrap_or(false),
+        intra_doubling: tuning.intra_doubling.unwrap_or(false),
     };
     // The warpgroup products wherever they apply (the plain kernel on an sm_90 GPU; whole
     // chunks: no row skip there). Measured on an H100 (NOTES-GPU.md, call BO): the recurrent

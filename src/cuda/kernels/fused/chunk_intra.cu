@@ -32,6 +32,18 @@
 // chunk_recurrent knows them. A non-finite q reaches its own output row only.
 #define THREADS 256
 #define C 64
+#ifndef INTRA_DIAG
+#define INTRA_DIAG 0
+#endif
+#ifndef INTRA_DOUBLING
+#define INTRA_DOUBLING 0
+#endif
+#if (INTRA_DIAG || INTRA_DOUBLING) && !PLANES
+#error "INTRA_DIAG and INTRA_DOUBLING are built with PLANES only (64 registers: the f32 rows' form spills)"
+#endif
+// The warp that scans the gate: with INTRA_DIAG the one without product tiles (its columns lie
+// above its rows), so that the scan runs beside the products.
+#define SCAN_WARP (INTRA_DIAG ? 1 : 0)
 #define SK STRIDE_A(DK, sizeof(in_t))
 #define SA_ STRIDE_A(C, 4)
 
@@ -115,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
         //    steps instead of 64. Each add is TwoSum'd, its error collected in lo, so gam + lo
         //    is the sum to about 2^-46 whatever the order (cumsum.cu adds row by row; the decays
         //    take differences of gam + lo, which agree to f32 rounding).
-        if (warp == 0) {
+        if (warp == SCAN_WARP) {
             const float x0 = gam[2 * lane], x1 = gam[2 * lane + 1];
             const bool r0 = x0 < P.reset, r1 = x1 < P.reset;
             // The pair's own segment: a reset row contributes 0 and cuts what came before.
@@ -170,6 +182,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
                 seg[2 * lane + 1] = before + (r0 ? 1.0f : 0.0f) + (r1 ? 1.0f : 0.0f);
             }
         }
+#if !INTRA_DIAG
         // 3. Row norms of k and q on warps 1.. (warp 0 scans the gate), by 16-byte loads: LPR
         //    lanes per row, RPW rows a warp at a time. A non-finite k element is found by its
         //    row's sum of squares (then checked element by element: a finite row whose squares
@@ -219,11 +232,80 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             }
         }
         __syncthreads();
-        const int lenf = *first_bad;
+        int lenf = *first_bad;
         if (tid < C) {
             dd[tid] = tid < lenf ? decay0(gam[tid], lo[tid], seg[tid]) : 0.0f;
             if (tid >= lenf) bet[tid] = 0.0f;
         }
+#else
+        int lenf;  // known once the products' diagonals are in (step 4)
+#endif
+#if INTRA_DIAG
+        // 3. The row norms from the products' diagonals: |k_r|^2 is (K K^T)_rr, |q_r|^2 is
+        //    (Q Q^T)_rr. The warps holding a 16 x 16 diagonal block of K K^T (rows rb.., columns
+        //    cb..; w = 0, 2, 5, 7) form that block of Q Q^T beside it (with l2norm), and the
+        //    lanes holding its diagonal elements (fragment row g = 2 (lane % 4) + h, element
+        //    2 i + h of the block's tile i) write the row's scalings and check the row as the
+        //    element-wise form did: a row whose sum of squares is not finite is checked element
+        //    by element (a finite row whose squares overflow is not marked). This takes a
+        //    phase and a barrier off the item; the sums are the products' (same values up to
+        //    the order of f32 additions).
+        // The diagonal of Q Q^T's block (rb, rb) where this lane holds one (else zeros): the
+        // lane's rows g and g + 8 of the block. Formed before K K^T and Q K^T, so that only
+        // these two values stay live across them.
+        auto q_diagonal = [&](int rb, int cb, float (&qdiag)[2]) {
+            qdiag[0] = qdiag[1] = 0.0f;
+            const int dofs = rb - cb;
+            if (!P.l2norm || (dofs != 0 && dofs != 16)) return;
+            float qd[2][4];
+#pragma unroll
+            for (int a = 0; a < 2; ++a)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) qd[a][e] = 0.0f;
+#if IN_T != 0 && FUSED_MMA
+            const SmemRows Qr = smem_rows(Qs, SK);
+#pragma unroll
+            for (int kb = 0; kb < DK / 16; ++kb) {
+                unsigned aq[4], bq[4];
+                ldsm_x4(aq, Qr.bt + 2u * (rb * SK + 16 * kb));
+                ldsm_b(bq, Qr, SK, rb, 16 * kb);
+                mma_in16(qd[0], aq, bq[0], bq[1]);
+                mma_in16(qd[1], aq, bq[2], bq[3]);
+            }
+#else
+            warp_mma<SPLIT_IN, SPLIT_IN, 2, DK>(
+                qd, [&](int m, int kk) { return to_f(Qs[(rb + m) * SK + kk]); },
+                [&](int kk, int n) { return to_f(Qs[(rb + n) * SK + kk]); });
+#endif
+            const bool h = ((lane >> 2) & 1) != 0;
+            qdiag[0] = h ? qd[0][1] : qd[0][0];
+            qdiag[1] = h ? qd[1][3] : qd[1][2];
+        };
+        auto row_norms_from_diagonals = [&](const float (&kk)[4][4], const float (&qdiag)[2], int rb,
+                                            int cb) {
+            const int dofs = rb - cb;
+            const int g = lane >> 2, h = g & 1;
+            if ((dofs != 0 && dofs != 16) || (g >> 1) != (lane & 3)) return;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int r = rb + g + 8 * i;
+                // Constant indices only (a runtime index would put the fragments in local memory).
+                const float k0 = dofs == 0 ? kk[i][2 * i] : kk[2 + i][2 * i];
+                const float k1 = dofs == 0 ? kk[i][2 * i + 1] : kk[2 + i][2 * i + 1];
+                const float s = h ? k1 : k0, sq = qdiag[i];
+                if (!isfinite(s)) {
+                    bool bad = false;
+                    for (int d = 0; d < DK; ++d) bad |= !isfinite(to_f(Ks[r * SK + d]));
+                    if (bad) atomicMin(first_bad, r);
+                }
+                rk[r] = P.l2norm ? 1.0f / sqrtf(s + 1e-6f) : 1.0f;
+                rq[r] = P.l2norm ? 1.0f / sqrtf(sq + 1e-6f) : 1.0f;
+                // beta |k_hat|^2 in [0, 2] (bet is final: step 1 and a barrier ago).
+                const float bk = bet[r] * (P.l2norm ? s / (s + 1e-6f) : s);
+                if (P.chunk_decay && !(bk >= 0.0f && bk <= 2.0f)) atomicOr(first_bad + 1, 1);
+            }
+        };
+#endif
         // p's elements (r, l0) and (r, l0 + 1), as PIECES bf16 planes or f32.
         auto store_p = [&](int r, int l0, const float (&pv)[2]) {
 #if PLANES
@@ -245,6 +327,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             for (int a = 0; a < 4; ++a)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) sk[a][e] = sq[a][e] = 0.0f;
+#if INTRA_DIAG
+            float qdiag[2];
+            q_diagonal(rb, cb, qdiag);
+#endif
             if (cb <= rb + 15) {
 #if IN_T != 0 && FUSED_MMA
                 // 16-bit inputs: m16n8k16 on the staged rows, operands by ldmatrix (A: rows
@@ -274,7 +360,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
                     sq, [&](int m, int kk) { return to_f(Qs[(rb + m) * SK + kk]); }, kt);
 #endif
             }
+#if INTRA_DIAG
+            row_norms_from_diagonals(sk, qdiag, rb, cb);
+            __syncthreads();  // gam, lo, seg (the scan), rk, rq and first_bad are in
+            // beta is not zeroed past lenf: every use of it below is masked by lenf.
+            lenf = *first_bad;
+#else
             __syncthreads();  // dd, gam of every row are visible below
+#endif
             // The thread's two rows (frag_row 0 and 8) and their scalings, held in registers:
             // the stores to As below share the shared memory these are read from, so without
             // this the compiler reloads them for every element.
@@ -337,6 +430,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
                 }
             }
         }
+#if INTRA_DIAG
+        // dd is read in step 6 alone; formed here, where the products' fragments are dead.
+        if (tid < C) dd[tid] = tid < lenf ? decay0(gam[tid], lo[tid], seg[tid]) : 0.0f;
+#endif
         __syncthreads();
         // 5. A_inv = (I + A_strict)^-1. Diagonal 16 x 16 blocks by forward substitution, one
         //    thread per (block, column), column by column: once x[m] is final every later row
@@ -360,6 +457,110 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             for (int r = 0; r < 16; ++r) Xs[(b0 + r) * SA_ + b0 + cc] = x[r];
         }
         __syncthreads();
+#if INTRA_DOUBLING
+        // The blocks below the diagonal by doubling: for L = [[L11, 0], [L21, L22]],
+        // L^-1 = [[X11, 0], [-X22 L21 X11, X22]] with X11, X22 the inverses of the diagonal
+        // halves. Level 1 forms the 16 x 16 blocks (1, 0) and (3, 2) from the diagonal blocks,
+        // level 2 the 32 x 32 block (rows 32.., columns ..31) from the two 32 x 32 halves: four
+        // barriers where the block rows took six, and no phase with one block row's 48-term
+        // sums. Each product is T = A X (T in the unused blocks above the diagonal of Xs:
+        // block (2p, 2p + 1) for level 1's pair p, rows ..31 columns 32.. for level 2), then
+        // X = -X_diag T. X is lower triangular: the sums skip its zeros above the diagonal
+        // (those inside the diagonal blocks are stored zeros, so a float4 may straddle them).
+        {
+            // Level 1, pair p (block row 2p + 1, column 2p): thread (p, r, c4) on 128 threads.
+            const int p = tid >> 6, r = (tid >> 2) & 15, c0 = (tid & 3) * 4;
+            const int b = 32 * p;  // first row and column of the pair's diagonal block (2p, 2p)
+            float* T1 = Xs + b * SA_ + b + 16;  // block (2p, 2p + 1)
+            if (tid < 128) {
+                float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const float* arow = As + (b + 16 + r) * SA_ + b;
+#pragma unroll
+                for (int m0 = 0; m0 < 16; m0 += 4) {
+                    if (m0 >= c0) {
+                        const float4 a4 = *(const float4*)(arow + m0);
+                        const float av[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+                        for (int u = 0; u < 4; ++u) {
+                            const float4 x4 = *(const float4*)(Xs + (b + m0 + u) * SA_ + b + c0);
+                            x[0] = fmaf(av[u], x4.x, x[0]);
+                            x[1] = fmaf(av[u], x4.y, x[1]);
+                            x[2] = fmaf(av[u], x4.z, x[2]);
+                            x[3] = fmaf(av[u], x4.w, x[3]);
+                        }
+                    }
+                }
+                *(float4*)(T1 + r * SA_ + c0) = make_float4(x[0], x[1], x[2], x[3]);
+            }
+            __syncthreads();
+            if (tid < 128) {
+                float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const float* xrow = Xs + (b + 16 + r) * SA_ + b + 16;
+#pragma unroll
+                for (int m0 = 0; m0 < 16; m0 += 4) {
+                    const float4 a4 = *(const float4*)(xrow + m0);
+                    const float av[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        if (m0 + u <= r) {
+                            const float4 t4 = *(const float4*)(T1 + (m0 + u) * SA_ + c0);
+                            x[0] = fmaf(av[u], t4.x, x[0]);
+                            x[1] = fmaf(av[u], t4.y, x[1]);
+                            x[2] = fmaf(av[u], t4.z, x[2]);
+                            x[3] = fmaf(av[u], t4.w, x[3]);
+                        }
+                    }
+                }
+                *(float4*)(Xs + (b + 16 + r) * SA_ + b + c0) = make_float4(-x[0], -x[1], -x[2], -x[3]);
+            }
+            __syncthreads();
+        }
+        {
+            // Level 2: thread (R, c4) on all 256 threads, row 32 + R, columns 4 c4 .. + 3.
+            const int R = tid >> 3, c0 = (tid & 7) * 4;
+            float* T2 = Xs + 32;  // rows ..31, columns 32..
+            float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const float* arow = As + (32 + R) * SA_;
+#pragma unroll
+            for (int m0 = 0; m0 < 32; m0 += 4) {
+                if (m0 >= c0) {
+                    const float4 a4 = *(const float4*)(arow + m0);
+                    const float av[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        const float4 x4 = *(const float4*)(Xs + (m0 + u) * SA_ + c0);
+                        x[0] = fmaf(av[u], x4.x, x[0]);
+                        x[1] = fmaf(av[u], x4.y, x[1]);
+                        x[2] = fmaf(av[u], x4.z, x[2]);
+                        x[3] = fmaf(av[u], x4.w, x[3]);
+                    }
+                }
+            }
+            *(float4*)(T2 + R * SA_ + c0) = make_float4(x[0], x[1], x[2], x[3]);
+            __syncthreads();
+            x[0] = x[1] = x[2] = x[3] = 0.0f;
+            const float* xrow = Xs + (32 + R) * SA_ + 32;
+#pragma unroll
+            for (int m0 = 0; m0 < 32; m0 += 4) {
+                if (m0 <= R) {
+                    const float4 a4 = *(const float4*)(xrow + m0);
+                    const float av[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        if (m0 + u <= R) {
+                            const float4 t4 = *(const float4*)(T2 + (m0 + u) * SA_ + c0);
+                            x[0] = fmaf(av[u], t4.x, x[0]);
+                            x[1] = fmaf(av[u], t4.y, x[1]);
+                            x[2] = fmaf(av[u], t4.z, x[2]);
+                            x[3] = fmaf(av[u], t4.w, x[3]);
+                        }
+                    }
+                }
+            }
+            *(float4*)(Xs + (32 + R) * SA_ + c0) = make_float4(-x[0], -x[1], -x[2], -x[3]);
+            __syncthreads();
+        }
+#else
         // Block row bi: X_{bi,bj} = -X_{bi,bi} sum_{bj <= bk < bi} A_{bi,bk} X_{bk,bj}. Thread
         // (bj, r, c4) forms row r, columns 4 c4 .. 4 c4 + 3 of block bj < bi, by 16-byte
         // loads (five for sixteen FMAs where the one-element form took two for one); each
@@ -412,6 +613,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
                 __syncthreads();
             }
         }
+#endif
         // 6. a_inv diag(beta) and the row scalings, valid rows only (beta is 0 past len).
 #if PLANES
         // Eight consecutive columns of one row per thread: one 16-byte store per plane. The
