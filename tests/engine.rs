@@ -713,6 +713,83 @@ fn gpu_nonfinite_input_does_not_reach_earlier_tokens() {
     }
 }
 
+/// A plan on the fused kernels asks for their workspace only; a q view at an odd address (which
+/// their 16-byte loads cannot read) takes the stage path, which needs the larger workspace of
+/// `forward_workspace_bytes_any_alignment`: refused naming `q` with the smaller one, and equal
+/// to the aligned run (within 1e-5) with the larger.
+#[test]
+fn gpu_unaligned_views_take_the_stage_path_and_its_workspace() {
+    let (stream, dev) = gpu_or_skip!();
+    let c = Case {
+        name: "bf16 K = V = 64",
+        dims: Dims {
+            batch: 1,
+            seq_len: 200,
+            heads: 2,
+            v_heads: 4,
+            dk: 64,
+            dv: 64,
+        },
+        cu_seqlens: None,
+        opts: Options {
+            out_dtype: Some(DType::F32),
+            ..Options::default()
+        },
+        dtype: DType::BF16,
+        with_h0: true,
+    };
+    let h = host_inputs(&c, 21);
+    let mut e = Engine::new(&stream, &dev, &c, &h);
+    e.forward(None).unwrap();
+    let want = [e.o.f32s(&stream), e.final_state.f32s(&stream)];
+    let (small, any) = (
+        e.plan.forward_workspace_bytes(),
+        e.plan.forward_workspace_bytes_any_alignment(),
+    );
+    eprintln!("workspace: {small} bytes aligned, {any} any alignment");
+    assert!(small <= any);
+    // q one element into a buffer of its bits: 2 bytes past an allocation's alignment.
+    let Dev::Bits(q, dt) = &e.x[0] else {
+        panic!("bf16 inputs are kept as bits")
+    };
+    let dt = *dt;
+    let mut shifted = stream.alloc_zeros::<u16>(q.len() + 1).unwrap();
+    stream.memcpy_dtod(q, &mut shifted.slice_mut(1..)).unwrap();
+    let qv = shifted.slice(1..);
+    let run = |e: &mut Engine, ws: &mut CudaSlice<u8>| -> deltanet::Result<()> {
+        let [_, k, v, g, beta] = &e.x;
+        let io = ForwardIo {
+            initial_state: e.h0.as_ref().map(Dev::r),
+            ..ForwardIo::new(
+                TokenInputs::new(
+                    DeviceRef::new(&qv, dt).unwrap(),
+                    k.r(),
+                    v.r(),
+                    g.r(),
+                    beta.r(),
+                ),
+                e.o.w(),
+                e.final_state.w(),
+            )
+        };
+        e.plan.forward(io, Workspace::new(ws))
+    };
+    if small < any {
+        let mut ws = stream.alloc_zeros::<u8>(small).unwrap();
+        let err = run(&mut e, &mut ws).unwrap_err();
+        assert!(err.to_string().starts_with("q:"), "{err}");
+    }
+    e.zero_outputs();
+    let mut ws = stream.alloc_zeros::<u8>(any).unwrap();
+    run(&mut e, &mut ws).unwrap();
+    let got = [e.o.f32s(&stream), e.final_state.f32s(&stream)];
+    for (k, name) in ["o", "final_state"].iter().enumerate() {
+        let err = rel_l2(&got[k], &want[k]);
+        eprintln!("unaligned q: {name} rel L2 vs the aligned run {err:.2e}");
+        assert!(err < 1e-5, "unaligned q: {name} {err:.2e}");
+    }
+}
+
 /// The host half of the GPU tests, run everywhere: every case is a valid problem for the
 /// prefill and the decode step, and the CPU answers they are compared with are finite.
 #[test]

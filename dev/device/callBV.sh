@@ -15,6 +15,7 @@ run fused_equals 90 env DELTANET_FUSED_CASES=2 ./fused_test fused_equals --nocap
 run non_finite 60 env $ON DELTANET_FUSED_CASES=3 ./fused_test fused_keeps_non_finite --nocapture
 run fast 90 env $ON DELTANET_FUSED_CASES=12 ./fused_test fused_fast_precision --nocapture
 run selftest 120 env $ON ./deltanet selftest --device cuda --vectors $TOP/.gpu/vectors
+run engine 90 ./engine_test --nocapture
 pack
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 SH="--device cuda --work prefill --dtype bf16 --warmup 0 --repeats 1"

@@ -135,6 +135,10 @@ def run(
     # The engine reads q, k, v in their dtype and g, beta, states and gate parameters in f32,
     # all dense; these are no-ops for tensors that already are.
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    # The fused kernels read q, k and v with 16-byte loads, and the plan's workspace is theirs: a
+    # view at an odd offset is copied (torch's allocations are aligned) rather than sent to the
+    # stage path, whose workspace is several times larger.
+    q, k, v = (x if x.data_ptr() % 16 == 0 else x.clone() for x in (q, k, v))
     g, beta = g.float().contiguous(), beta.float().contiguous()
     o = torch.empty((B, T, HV, V), dtype=v.dtype, device=device)
 
@@ -257,6 +261,10 @@ def decode(q, k, v, g, beta, pool, state_indices, out_state_indices, token_state
     per_token, per_token_raw = _device_rows("token_state_indices", token_state_indices, device, (N, T))
     a_log, dt_bias = _gate_params(a_log, dt_bias, HV, device, options["gate_in_kernel"])
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    # The fused kernels read q, k and v with 16-byte loads, and the plan's workspace is theirs: a
+    # view at an odd offset is copied (torch's allocations are aligned) rather than sent to the
+    # stage path, whose workspace is several times larger.
+    q, k, v = (x if x.data_ptr() % 16 == 0 else x.clone() for x in (q, k, v))
     g, beta = g.float().contiguous(), beta.float().contiguous()
     o = torch.empty((N, T, HV, V), dtype=v.dtype, device=device)
     ts = None

@@ -433,8 +433,10 @@ pub(crate) fn fused_layout(p: &Problem) -> FusedLayout {
     }
 }
 
-/// Workspace bytes [`Plan::forward`] needs for this problem, options and input dtype (q, k, v):
-/// enough for the stage path and for the fused one, whichever the device takes.
+/// Workspace bytes [`Plan::forward`] needs for this problem, options and input dtype (q, k, v)
+/// on any device and at any alignment of q, k and v: enough for the stage path and for the
+/// fused one. [`Plan::forward_workspace_bytes`] is the (often much smaller) need of the path a
+/// plan takes.
 pub fn forward_workspace_bytes(p: &Problem, opts: &Options, dtype: DType) -> usize {
     let stages = forward_layout(p, opts, dtype).bytes;
     if fused::shaped_for(p, opts) {
@@ -557,6 +559,7 @@ pub(crate) fn check_forward(
     dtype: DType,
     io: &ForwardIo<'_>,
     ws: &Workspace<'_>,
+    ws_bytes: usize,
 ) -> Result<()> {
     if opts.state_v_first {
         return Err(Error::invalid(
@@ -565,7 +568,6 @@ pub(crate) fn check_forward(
             "true",
         ));
     }
-    let ws_bytes = forward_workspace_bytes(p, opts, dtype);
     check_common(p, opts, dtype, (&io.inputs, &io.o), (ws, ws_bytes))?;
     let states = p.num_seqs() * p.v_heads() * p.state_len();
     if let Some(s) = &io.initial_state {
@@ -617,6 +619,9 @@ pub struct Plan {
     tables: Tables,
     forward: ForwardLayout,
     step: StepLayout,
+    /// Whether [`Plan::forward`] takes the fused kernels (`fused::supported` when the plan was
+    /// made), given q, k and v aligned to 16 bytes.
+    fused: bool,
 }
 
 impl std::fmt::Debug for Plan {
@@ -664,6 +669,7 @@ impl Plan {
         )?;
         let tables = dev.upload_tables(p)?;
         Ok(Plan {
+            fused: fused::supported(&dev, p, opts),
             forward: forward_layout(p, opts, dtype),
             step: step_layout(p, opts, dtype),
             dev,
@@ -684,8 +690,22 @@ impl Plan {
         &self.p
     }
 
-    /// Workspace bytes [`Plan::forward`] needs.
+    /// Workspace bytes [`Plan::forward`] needs with q, k and v aligned to 16 bytes (as every
+    /// allocation is): what the path this plan takes on its device uses, the fused kernels'
+    /// workspace where they apply (at T = 524288, HV = 32, K = V = 128: 13 GB, where the stage
+    /// path's intermediates take 78 GB).
     pub fn forward_workspace_bytes(&self) -> usize {
+        if self.fused {
+            fused_layout(&self.p).bytes
+        } else {
+            self.forward.bytes
+        }
+    }
+
+    /// Workspace bytes [`Plan::forward`] needs whatever the alignment of q, k and v: views not
+    /// aligned to 16 bytes take the stage path, whose intermediates are larger. The same as
+    /// the free [`forward_workspace_bytes`].
+    pub fn forward_workspace_bytes_any_alignment(&self) -> usize {
         forward_workspace_bytes(&self.p, &self.opts, self.dtype)
     }
 
@@ -863,12 +883,33 @@ impl Plan {
     /// States are K-major (`state_v_first` is refused).
     pub fn forward(&self, io: ForwardIo<'_>, workspace: Workspace<'_>) -> Result<()> {
         let (p, opts, dev) = (&self.p, &self.opts, &*self.dev);
-        check_forward(p, opts, self.dtype, &io, &workspace)?;
-        if fused::supported(dev, p, opts)
-            && [io.inputs.q.ptr, io.inputs.k.ptr, io.inputs.v.ptr]
-                .iter()
-                .all(|a| a % 16 == 0)
-        {
+        let unaligned = [
+            ("q", io.inputs.q.ptr),
+            ("k", io.inputs.k.ptr),
+            ("v", io.inputs.v.ptr),
+        ]
+        .into_iter()
+        .find(|(_, a)| a % 16 != 0);
+        let fused = self.fused && unaligned.is_none();
+        let ws_bytes = if fused {
+            fused_layout(p).bytes
+        } else {
+            self.forward.bytes
+        };
+        // A workspace sized for the fused path, with a view the fused kernels cannot read:
+        // name the view, which is what changed the path.
+        if let Some((arg, ptr)) = unaligned.filter(|_| self.fused && workspace.bytes < ws_bytes) {
+            return Err(Error::invalid(
+                arg,
+                format!(
+                    "an address aligned to 16 bytes (or a workspace of {ws_bytes} bytes, \
+                     Plan::forward_workspace_bytes_any_alignment, for the stage path)"
+                ),
+                format!("{ptr:#x} with a workspace of {} bytes", workspace.bytes),
+            ));
+        }
+        check_forward(p, opts, self.dtype, &io, &workspace, ws_bytes)?;
+        if fused {
             return self.forward_fused(&io, &workspace);
         }
         let (base, l) = (workspace.ptr, &self.forward);
@@ -1155,8 +1196,9 @@ mod tests {
         let opts = small();
         let p = problem(&opts);
         let bytes = forward_workspace_bytes(&p, &opts, DType::BF16);
-        let check =
-            |x: &ForwardIo<'_>, ws: &Workspace<'_>| check_forward(&p, &opts, DType::BF16, x, ws);
+        let check = |x: &ForwardIo<'_>, ws: &Workspace<'_>| {
+            check_forward(&p, &opts, DType::BF16, x, ws, bytes)
+        };
         // A valid call (final_state may be initial_state's memory).
         check(&io(&p, DType::BF16), &ws(bytes)).unwrap();
         type Spoil = fn(&mut ForwardIo<'static>);
@@ -1210,18 +1252,18 @@ mod tests {
         let bytes = forward_workspace_bytes(&p, &gate, DType::F32);
         let x = io(&p, DType::F32);
         assert_eq!(
-            arg(check_forward(&p, &gate, DType::F32, &x, &ws(bytes))),
+            arg(check_forward(&p, &gate, DType::F32, &x, &ws(bytes), bytes)),
             "A_log"
         );
         let mut x = io(&p, DType::F32);
         x.inputs.a_log = Some(view(0x8000, 2, DType::F32));
         x.inputs.dt_bias = Some(view(0x9000, 3, DType::F32));
         assert_eq!(
-            arg(check_forward(&p, &gate, DType::F32, &x, &ws(bytes))),
+            arg(check_forward(&p, &gate, DType::F32, &x, &ws(bytes), bytes)),
             "dt_bias"
         );
         x.inputs.dt_bias = Some(view(0x9000, 2, DType::F32));
-        check_forward(&p, &gate, DType::F32, &x, &ws(bytes)).unwrap();
+        check_forward(&p, &gate, DType::F32, &x, &ws(bytes), bytes).unwrap();
 
         let h = Options {
             output_chunk_states: true,
@@ -1230,13 +1272,20 @@ mod tests {
         let bytes = forward_workspace_bytes(&p, &h, DType::F32);
         let mut x = io(&p, DType::F32);
         assert_eq!(
-            arg(check_forward(&p, &h, DType::F32, &x, &ws(bytes))),
+            arg(check_forward(&p, &h, DType::F32, &x, &ws(bytes), bytes)),
             "chunk_states"
         );
         x.chunk_states = Some(view_mut(0xa000, 24, DType::F32));
-        check_forward(&p, &h, DType::F32, &x, &ws(bytes)).unwrap();
+        check_forward(&p, &h, DType::F32, &x, &ws(bytes), bytes).unwrap();
         assert_eq!(
-            arg(check_forward(&p, &small(), DType::F32, &x, &ws(bytes * 2))),
+            arg(check_forward(
+                &p,
+                &small(),
+                DType::F32,
+                &x,
+                &ws(bytes * 2),
+                bytes
+            )),
             "chunk_states"
         );
 
@@ -1246,7 +1295,14 @@ mod tests {
         };
         let x = io(&p, DType::F32);
         assert_eq!(
-            arg(check_forward(&p, &vk, DType::F32, &x, &ws(bytes * 2))),
+            arg(check_forward(
+                &p,
+                &vk,
+                DType::F32,
+                &x,
+                &ws(bytes * 2),
+                bytes
+            )),
             "state_v_first"
         );
     }
