@@ -557,9 +557,11 @@ pub struct Tuning {
     /// (as fast as on `mma.sync` within 0.2 % on an H100, and the exact kernel without the
     /// register spills it has otherwise: NOTES-GPU.md, call BR).
     pub wg_tri: Option<bool>,
-    /// `chunk_intra`'s row norms from the products' diagonals (`Config::intra_diag`).
+    /// `chunk_intra`'s row norms from the products' diagonals (`Config::intra_diag`); by
+    /// default in the fast precision (NOTES-GPU.md, call BV).
     pub intra_diag: Option<bool>,
-    /// `chunk_intra`'s inverse below the diagonal by doubling (`Config::intra_doubling`).
+    /// `chunk_intra`'s inverse below the diagonal by doubling (`Config::intra_doubling`); by
+    /// default in the fast precision.
     pub intra_doubling: Option<bool>,
 }
 
@@ -746,8 +748,12 @@ fn regs_config_for(
             .unwrap_or_else(|| !split && short_chunks_share(p) >= ROW_SKIP_SHARE),
         wgmma: false,
         wg_tri: false,
-        intra_diag: tuning.intra_diag.unwrap_or(false),
-        intra_doubling: tuning.intra_doubling.unwrap_or(false),
+        // chunk_intra's variants by default in the fast precision only. Measured on an H100
+        // (NOTES-GPU.md, call BV), chunk_intra alone at B=8 T=8192: fast 0.99 -> 0.885 ms
+        // (the forward 4.5-5 % faster on the issue shapes); exact 1.151 -> 1.164 (diagonals
+        // alone 1.182, doubling alone 1.145), no faster.
+        intra_diag: tuning.intra_diag.unwrap_or(pieces == 1),
+        intra_doubling: tuning.intra_doubling.unwrap_or(pieces == 1),
     };
     // The warpgroup products wherever they apply (the plain kernel on an sm_90 GPU; whole
     // chunks: no row skip there). Measured on an H100 (NOTES-GPU.md, call BO): the recurrent
