@@ -57,6 +57,14 @@ struct IntraParams {
     int tiled, l2norm, gate_in_kernel, beta_is_logits;
 };
 
+// x += a b, element by element, for the four columns a thread forms in the tri-solve's products.
+__device__ __forceinline__ void fma4(float (&x)[4], float a, float4 b) {
+    x[0] = fmaf(a, b.x, x[0]);
+    x[1] = fmaf(a, b.y, x[1]);
+    x[2] = fmaf(a, b.z, x[2]);
+    x[3] = fmaf(a, b.w, x[3]);
+}
+
 __device__ __forceinline__ float softplus_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 // Four blocks per SM: at most 64 registers a thread (the shared memory allows five).
@@ -483,10 +491,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
 #pragma unroll
                         for (int u = 0; u < 4; ++u) {
                             const float4 x4 = *(const float4*)(Xs + (b + m0 + u) * SA_ + b + c0);
-                            x[0] = fmaf(av[u], x4.x, x[0]);
-                            x[1] = fmaf(av[u], x4.y, x[1]);
-                            x[2] = fmaf(av[u], x4.z, x[2]);
-                            x[3] = fmaf(av[u], x4.w, x[3]);
+                            fma4(x, av[u], x4);
                         }
                     }
                 }
@@ -504,10 +509,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
                     for (int u = 0; u < 4; ++u) {
                         if (m0 + u <= r) {
                             const float4 t4 = *(const float4*)(T1 + (m0 + u) * SA_ + c0);
-                            x[0] = fmaf(av[u], t4.x, x[0]);
-                            x[1] = fmaf(av[u], t4.y, x[1]);
-                            x[2] = fmaf(av[u], t4.z, x[2]);
-                            x[3] = fmaf(av[u], t4.w, x[3]);
+                            fma4(x, av[u], t4);
                         }
                     }
                 }
@@ -529,10 +531,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
 #pragma unroll
                     for (int u = 0; u < 4; ++u) {
                         const float4 x4 = *(const float4*)(Xs + (m0 + u) * SA_ + c0);
-                        x[0] = fmaf(av[u], x4.x, x[0]);
-                        x[1] = fmaf(av[u], x4.y, x[1]);
-                        x[2] = fmaf(av[u], x4.z, x[2]);
-                        x[3] = fmaf(av[u], x4.w, x[3]);
+                        fma4(x, av[u], x4);
                     }
                 }
             }
@@ -549,10 +548,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
                     for (int u = 0; u < 4; ++u) {
                         if (m0 + u <= R) {
                             const float4 t4 = *(const float4*)(T2 + (m0 + u) * SA_ + c0);
-                            x[0] = fmaf(av[u], t4.x, x[0]);
-                            x[1] = fmaf(av[u], t4.y, x[1]);
-                            x[2] = fmaf(av[u], t4.z, x[2]);
-                            x[3] = fmaf(av[u], t4.w, x[3]);
+                            fma4(x, av[u], t4);
                         }
                     }
                 }
@@ -580,10 +576,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
 #pragma unroll
                             for (int u = 0; u < 4; ++u) {
                                 const float4 x4 = *(const float4*)(Xs + (m0 + u) * SA_ + bj * 16 + c0);
-                                x[0] = fmaf(av[u], x4.x, x[0]);
-                                x[1] = fmaf(av[u], x4.y, x[1]);
-                                x[2] = fmaf(av[u], x4.z, x[2]);
-                                x[3] = fmaf(av[u], x4.w, x[3]);
+                                fma4(x, av[u], x4);
                             }
                         }
                     }
@@ -601,10 +594,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
                         for (int u = 0; u < 4; ++u) {
                             if (m0 + u <= r) {
                                 const float4 t4 = *(const float4*)(Tm + (bj << 8) + (m0 + u) * 16 + c0);
-                                x[0] = fmaf(av[u], t4.x, x[0]);
-                                x[1] = fmaf(av[u], t4.y, x[1]);
-                                x[2] = fmaf(av[u], t4.z, x[2]);
-                                x[3] = fmaf(av[u], t4.w, x[3]);
+                                fma4(x, av[u], t4);
                             }
                         }
                     }
