@@ -17,7 +17,10 @@
 // The two K-wide products (K K^T, Q K^T) run on the tensor cores on the raw inputs (one pass of
 // m16n8k16 for bf16/f16, three of TF32 m16n8k8 for f32, see warp_mma); the norms and decays are
 // applied to their results.
-// The 64 x 64 tri-solve is f32 FMA: 16 x 16 diagonal blocks by substitution, then block rows.
+// The 64 x 64 tri-solve is f32 FMA: 16 x 16 diagonal blocks by substitution, then block rows
+// (with INTRA_DOUBLING: by doubling, 16 x 16 then 32 x 32). With INTRA_DIAG the row norms are
+// read off the diagonals of K K^T and Q Q^T instead of a phase of their own (step 3). Both are
+// built with PLANES only; the fast precision takes them (measured: NOTES-GPU.md, call BV).
 // With chunk_decay set (the segmented recurrent kernel reads it) it also writes, per (chunk,
 // value head), what bounds the chunk's effect on the state entering it: the chunk's total
 // log-decay gamma_last (-inf if a hard reset cuts it: the entering state is then dropped
