@@ -6,7 +6,7 @@
 # run(command="bash .dev/all/callBU.sh", carry=[".dev/all", ".gpu/fla", ".gpu/anchors.py", ".gpu/z3"], needs_h200=true)
 cd "$(dirname "$0")"
 TOP=$PWD/../..
-TAG=bu; R=$OUT/$TAG; mkdir -p $R
+TAG=${TAG:-bu}; R=$OUT/$TAG; mkdir -p $R
 . ./lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
 issue_shapes 2>&1 | tee $R/shapes.txt
@@ -20,5 +20,6 @@ if python3 -c "import flash_qla" 2>/dev/null; then
   timeout 200 python3 $TOP/.gpu/anchors.py --impl flashqla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/qla_shapes.json 2>&1 | tail -6 | tee $R/qla.txt
   pack
 fi
-per_token 524288
+# PER_TOKEN=0 leaves it out (callBX.sh).
+[ "${PER_TOKEN:-1}" = 0 ] || per_token 524288
 pack
