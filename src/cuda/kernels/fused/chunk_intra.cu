@@ -134,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
         cp_async_wait<0>();
         __syncthreads();
         // 2. gamma = cumsum(g), restarted after a hard reset, as a double-float (gam + lo) by a
-        //    segmented scan across warp 0 (lane l holds rows 2l, 2l + 1): log2(32) dependent
+        //    segmented scan across warp SCAN_WARP (lane l holds rows 2l, 2l + 1): log2(32) dependent
         //    steps instead of 64. Each add is TwoSum'd, its error collected in lo, so gam + lo
         //    is the sum to about 2^-46 whatever the order (cumsum.cu adds row by row; the decays
         //    take differences of gam + lo, which agree to f32 rounding).
@@ -254,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
 #if INTRA_DIAG
         // 3. The row norms from the products' diagonals: |k_r|^2 is (K K^T)_rr, |q_r|^2 is
         //    (Q Q^T)_rr. The warps holding a 16 x 16 diagonal block of K K^T (rows rb.., columns
-        //    cb..; w = 0, 2, 5, 7) form that block of Q Q^T beside it (with l2norm), and the
+        //    cb..; w = 0, 2, 5, 7) form that block of Q Q^T first (with l2norm), and the
         //    lanes holding its diagonal elements (fragment row g = 2 (lane % 4) + h, element
         //    2 i + h of the block's tile i) write the row's scalings and check the row as the
         //    element-wise form did: a row whose sum of squares is not finite is checked element
