@@ -134,8 +134,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
         cp_async_wait<0>();
         __syncthreads();
         // 2. gamma = cumsum(g), restarted after a hard reset, as a double-float (gam + lo) by a
-        //    segmented scan across warp SCAN_WARP (lane l holds rows 2l, 2l + 1): log2(32) dependent
-        //    steps instead of 64. Each add is TwoSum'd, its error collected in lo, so gam + lo
+        //    segmented scan across warp SCAN_WARP (lane l holds rows 2l, 2l + 1): log2(32)
+        //    dependent steps instead of 64. Each add is TwoSum'd, its error collected in lo, so gam + lo
         //    is the sum to about 2^-46 whatever the order (cumsum.cu adds row by row; the decays
         //    take differences of gam + lo, which agree to f32 rounding).
         if (warp == SCAN_WARP) {
