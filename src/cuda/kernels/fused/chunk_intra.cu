@@ -68,6 +68,24 @@ __device__ __forceinline__ void fma4(float (&x)[4], float a, float4 b) {
     x[3] = fmaf(a, b.w, x[3]);
 }
 
+// x += sum over m in [lo, hi] of a[m] times the float4 at b + m SA_, in increasing m: the
+// doubling's products, a row of one tile against rows of another. a's row is read by 16-byte
+// loads (lo a multiple of 4); the bounds are per thread, the loop unrolled over M with masks.
+template <int M>
+__device__ __forceinline__ void row_times_rows(float (&x)[4], const float* a, const float* b, int lo,
+                                               int hi) {
+#pragma unroll
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        if (m0 >= lo && m0 <= hi) {
+            const float4 a4 = *(const float4*)(a + m0);
+            const float av[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (m0 + u <= hi) fma4(x, av[u], *(const float4*)(b + (m0 + u) * SA_));
+        }
+    }
+}
+
 __device__ __forceinline__ float softplus_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 // Four blocks per SM: at most 64 registers a thread (the shared memory allows five).
@@ -485,37 +503,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             float* T1 = Xs + b * SA_ + b + 16;  // block (2p, 2p + 1)
             if (tid < 128) {
                 float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const float* arow = As + (b + 16 + r) * SA_ + b;
-#pragma unroll
-                for (int m0 = 0; m0 < 16; m0 += 4) {
-                    if (m0 >= c0) {
-                        const float4 a4 = *(const float4*)(arow + m0);
-                        const float av[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-                        for (int u = 0; u < 4; ++u) {
-                            const float4 x4 = *(const float4*)(Xs + (b + m0 + u) * SA_ + b + c0);
-                            fma4(x, av[u], x4);
-                        }
-                    }
-                }
+                row_times_rows<16>(x, As + (b + 16 + r) * SA_ + b, Xs + b * SA_ + b + c0, c0, 15);
                 *(float4*)(T1 + r * SA_ + c0) = make_float4(x[0], x[1], x[2], x[3]);
             }
             __syncthreads();
             if (tid < 128) {
                 float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const float* xrow = Xs + (b + 16 + r) * SA_ + b + 16;
-#pragma unroll
-                for (int m0 = 0; m0 < 16; m0 += 4) {
-                    const float4 a4 = *(const float4*)(xrow + m0);
-                    const float av[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) {
-                        if (m0 + u <= r) {
-                            const float4 t4 = *(const float4*)(T1 + (m0 + u) * SA_ + c0);
-                            fma4(x, av[u], t4);
-                        }
-                    }
-                }
+                row_times_rows<16>(x, Xs + (b + 16 + r) * SA_ + b + 16, T1 + c0, 0, r);
                 *(float4*)(Xs + (b + 16 + r) * SA_ + b + c0) = make_float4(-x[0], -x[1], -x[2], -x[3]);
             }
             __syncthreads();
@@ -525,37 +519,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             const int R = tid >> 3, c0 = (tid & 7) * 4;
             float* T2 = Xs + 32;  // rows ..31, columns 32..
             float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            const float* arow = As + (32 + R) * SA_;
-#pragma unroll
-            for (int m0 = 0; m0 < 32; m0 += 4) {
-                if (m0 >= c0) {
-                    const float4 a4 = *(const float4*)(arow + m0);
-                    const float av[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) {
-                        const float4 x4 = *(const float4*)(Xs + (m0 + u) * SA_ + c0);
-                        fma4(x, av[u], x4);
-                    }
-                }
-            }
+            row_times_rows<32>(x, As + (32 + R) * SA_, Xs + c0, c0, 31);
             *(float4*)(T2 + R * SA_ + c0) = make_float4(x[0], x[1], x[2], x[3]);
             __syncthreads();
             x[0] = x[1] = x[2] = x[3] = 0.0f;
-            const float* xrow = Xs + (32 + R) * SA_ + 32;
-#pragma unroll
-            for (int m0 = 0; m0 < 32; m0 += 4) {
-                if (m0 <= R) {
-                    const float4 a4 = *(const float4*)(xrow + m0);
-                    const float av[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) {
-                        if (m0 + u <= R) {
-                            const float4 t4 = *(const float4*)(T2 + (m0 + u) * SA_ + c0);
-                            fma4(x, av[u], t4);
-                        }
-                    }
-                }
-            }
+            row_times_rows<32>(x, Xs + (32 + R) * SA_ + 32, T2 + c0, 0, R);
             *(float4*)(Xs + (32 + R) * SA_ + c0) = make_float4(-x[0], -x[1], -x[2], -x[3]);
             __syncthreads();
         }
