@@ -7,6 +7,7 @@ fused_emulate_driver.cpp against a float64 recurrence. No GPU needed:
     python3 dev/fused_emulate.py [cases]   (12 by default; needs g++ with C++20)
     EMU_TRI_SKIP=1: the WG_TRI configuration with TRI_SKIP (n = 64 - 16 kb)
     EMU_INTRA=diag,doubling: chunk_intra's row norms from the diagonals, the inverse by doubling
+    EMU_INTRA=doubling,mma: the doubling's products on the tensor cores
     EMU_CONFS=14,15 python3 dev/fused_emulate.py 17   (only those configurations' cases)
 A kernel change can so be checked before device time is spent on it (it is slow: small shapes)."""
 import os
@@ -109,6 +110,7 @@ def main():
     # chunk_intra's variants (Config::intra_diag, intra_doubling): EMU_INTRA=diag,doubling.
     intra = os.environ.get("EMU_INTRA", "").split(",")
     intra_diag, intra_doubling = int("diag" in intra), int("doubling" in intra)
+    intra_mma = int(intra_doubling and "mma" in intra)
     confs = confs + wg_confs
     first_wg = len(confs) - len(wg_confs)
     entries = []
@@ -120,7 +122,8 @@ def main():
              # Every other configuration with short chunks' empty row blocks skipped.
              f"#define ROW_SKIP {0 if n >= first_wg else n % 2}\n#define WGMMA {int(n >= first_wg)}\n"
              f"#define WG_TRI {int(n in tri)}\n#define TRI_SKIP {tri_skip}\n"
-             f"#define INTRA_DIAG {intra_diag}\n#define INTRA_DOUBLING {intra_doubling}\n")
+             f"#define INTRA_DIAG {intra_diag}\n#define INTRA_DOUBLING {intra_doubling}\n"
+             f"#define INTRA_DOUBLING_MMA {intra_mma}\n")
         for kernel, fn in [("chunk_intra.cu", "chunk_intra"), ("chunk_recurrent_regs.cu", "chunk_recurrent_regs")]:
             name = f"{fn}_{n}"
             threads = "256" if fn == "chunk_intra" else "THREADS"

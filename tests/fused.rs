@@ -244,6 +244,25 @@ fn tunings() -> Vec<fused::Tuning> {
             intra_doubling: Some(true),
             ..Tuning::default()
         },
+        // The doubling's products on the tensor cores, with the diagonals' norms, whole and
+        // in segments.
+        Tuning {
+            regs: Some(true),
+            vt: Some(128),
+            intra_diag: Some(true),
+            intra_doubling: Some(true),
+            intra_doubling_mma: Some(true),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            vt: Some(32),
+            split: Some(true),
+            intra_doubling: Some(true),
+            intra_doubling_mma: Some(true),
+            segments: Some(2),
+            ..Tuning::default()
+        },
     ]
 }
 

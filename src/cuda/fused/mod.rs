@@ -148,6 +148,9 @@ pub struct Config {
     /// `chunk_intra` forms the blocks of `A_inv` below the diagonal by doubling (16 x 16, then
     /// 32 x 32 halves) instead of block rows (`INTRA_DOUBLING`; with `regs` only, as above).
     pub intra_doubling: bool,
+    /// With `intra_doubling`: the doubling's products on the tensor cores (three TF32 passes)
+    /// instead of f32 FMAs (`INTRA_DOUBLING_MMA`).
+    pub intra_doubling_mma: bool,
 }
 
 impl Config {
@@ -158,7 +161,7 @@ impl Config {
              #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n\
              #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n#define HBUF {}\n#define LATE_PLANES {}\n\
              #define ROW_SKIP {}\n#define WGMMA {}\n#define WG_TRI {}\n#define INTRA_DIAG {}\n\
-             #define INTRA_DOUBLING {}\n",
+             #define INTRA_DOUBLING {}\n#define INTRA_DOUBLING_MMA {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -179,6 +182,7 @@ impl Config {
             i32::from(self.wg_tri),
             i32::from(self.intra_diag),
             i32::from(self.intra_doubling),
+            i32::from(self.intra_doubling_mma),
         )
     }
 
@@ -335,6 +339,7 @@ pub fn standard_configs() -> Vec<Config> {
         wg_tri: false,
         intra_diag: false,
         intra_doubling: false,
+        intra_doubling_mma: false,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -402,18 +407,22 @@ pub fn standard_configs() -> Vec<Config> {
     }
     // chunk_intra with the row norms from the products' diagonals and the inverse by doubling
     // (where it writes planes): both precisions as they run, and K = 64.
+    // The doubling's products on the tensor cores too.
     for pieces in [1, 3] {
-        v.push(Config {
-            regs: true,
-            pieces,
-            late_planes: pieces == 3,
-            wgmma: true,
-            wg_tri: true,
-            out: DType::BF16,
-            intra_diag: true,
-            intra_doubling: true,
-            ..config(128, 128, 128, DType::BF16, 2, false)
-        });
+        for intra_doubling_mma in [false, true] {
+            v.push(Config {
+                regs: true,
+                pieces,
+                late_planes: pieces == 3,
+                wgmma: true,
+                wg_tri: true,
+                out: DType::BF16,
+                intra_diag: true,
+                intra_doubling: true,
+                intra_doubling_mma,
+                ..config(128, 128, 128, DType::BF16, 2, false)
+            });
+        }
     }
     v.push(Config {
         regs: true,
@@ -563,6 +572,9 @@ pub struct Tuning {
     /// `chunk_intra`'s inverse below the diagonal by doubling (`Config::intra_doubling`); by
     /// default in the fast precision.
     pub intra_doubling: Option<bool>,
+    /// With the doubling: its products on the tensor cores (`Config::intra_doubling_mma`);
+    /// off by default (not yet measured on a GPU).
+    pub intra_doubling_mma: Option<bool>,
 }
 
 impl Tuning {
@@ -571,7 +583,8 @@ impl Tuning {
     /// `DELTANET_FUSED_PIECES`, `DELTANET_FUSED_SPLIT=0|1`, `DELTANET_FUSED_KSPLIT=0|1`,
     /// `DELTANET_FUSED_HBUF=0|1`, `DELTANET_FUSED_SEGMENTS`, `DELTANET_FUSED_LATE=0|1`,
     /// `DELTANET_FUSED_BLOCKS`, `DELTANET_FUSED_ROWSKIP=0|1`, `DELTANET_FUSED_WGMMA=0|1`,
-    /// `DELTANET_FUSED_WGTRI=0|1`, `DELTANET_FUSED_INTRADIAG=0|1`, `DELTANET_FUSED_DOUBLING=0|1`.
+    /// `DELTANET_FUSED_WGTRI=0|1`, `DELTANET_FUSED_INTRADIAG=0|1`, `DELTANET_FUSED_DOUBLING=0|1`,
+    /// `DELTANET_FUSED_DOUBLINGMMA=0|1`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -599,6 +612,7 @@ impl Tuning {
             wg_tri: flag("DELTANET_FUSED_WGTRI"),
             intra_diag: flag("DELTANET_FUSED_INTRADIAG"),
             intra_doubling: flag("DELTANET_FUSED_DOUBLING"),
+            intra_doubling_mma: flag("DELTANET_FUSED_DOUBLINGMMA"),
         }
     }
 }
@@ -647,6 +661,7 @@ fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &
         wg_tri: false,
         intra_diag: false,
         intra_doubling: false,
+        intra_doubling_mma: false,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -754,7 +769,9 @@ fn regs_config_for(
         // alone 1.182, doubling alone 1.145), no faster.
         intra_diag: tuning.intra_diag.unwrap_or(pieces == 1),
         intra_doubling: tuning.intra_doubling.unwrap_or(pieces == 1),
+        intra_doubling_mma: false,
     };
+    cfg.intra_doubling_mma = cfg.intra_doubling && tuning.intra_doubling_mma.unwrap_or(false);
     // The warpgroup products wherever they apply (the plain kernel on an sm_90 GPU; whole
     // chunks: no row skip there). Measured on an H100 (NOTES-GPU.md, call BO): the recurrent
     // kernel 13 % (exact) and 16 % (fast) faster at B=8 T=8192, the forward 8-10 % on the issue

@@ -41,6 +41,13 @@
 #ifndef INTRA_DOUBLING
 #define INTRA_DOUBLING 0
 #endif
+// INTRA_DOUBLING_MMA (with INTRA_DOUBLING): the doubling's products on the tensor cores.
+#ifndef INTRA_DOUBLING_MMA
+#define INTRA_DOUBLING_MMA 0
+#endif
+#if INTRA_DOUBLING_MMA && !INTRA_DOUBLING
+#error "INTRA_DOUBLING_MMA needs INTRA_DOUBLING"
+#endif
 #if (INTRA_DIAG || INTRA_DOUBLING) && !PLANES
 #error "INTRA_DIAG and INTRA_DOUBLING are built with PLANES only (64 registers: the f32 rows' form spills)"
 #endif
@@ -295,11 +302,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             const SmemRows Qr = smem_rows(Qs, SK);
 #pragma unroll
             for (int kb = 0; kb < DK / 16; ++kb) {
-                unsigned aq[4], bq[4];
+                // The block's B operand (rows rb.. of Q as columns) is its A operand's data:
+                // the ldmatrix tiles of rows rb.. and rb + 8.. are the two n8 tiles.
+                unsigned aq[4];
                 ldsm_x4(aq, Qr.bt + 2u * (rb * SK + 16 * kb));
-                ldsm_b(bq, Qr, SK, rb, 16 * kb);
-                mma_in16(qd[0], aq, bq[0], bq[1]);
-                mma_in16(qd[1], aq, bq[2], bq[3]);
+                mma_in16(qd[0], aq, aq[0], aq[2]);
+                mma_in16(qd[1], aq, aq[1], aq[3]);
             }
 #else
             warp_mma<SPLIT_IN, SPLIT_IN, 2, DK>(
@@ -484,9 +492,70 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             // Every row, the zeros above the diagonal too (the block rows read them).
 #pragma unroll
             for (int r = 0; r < 16; ++r) Xs[(b0 + r) * SA_ + b0 + cc] = x[r];
+        } else if (INTRA_DOUBLING_MMA) {
+            // Blocks (0, 1) and (2, 3): the upper-right blocks of the 32 x 32 halves X11 and
+            // X22, zeros for the doubling's products below, which sum over whole halves.
+            for (int e = tid - C; e < 512; e += THREADS - C)
+                Xs[(32 * (e >> 8) + ((e >> 4) & 15)) * SA_ + 32 * (e >> 8) + 16 + (e & 15)] = 0.0f;
         }
         __syncthreads();
-#if INTRA_DOUBLING
+#if INTRA_DOUBLING_MMA
+        // The blocks below the diagonal by doubling (as below, the same products) on the tensor
+        // cores: each product a warp's 16 x 8 tile by warp_mma's three TF32 passes (about
+        // 2^-22 relative, against the FMA form's f32 roundings), operands read from the f32
+        // tiles in shared memory. Why: the FMA form's float4 loads of whole rows were a third of
+        // the kernel's shared-memory wavefronts (Nsight Compute, NOTES-GPU.md call BZ), and
+        // shared memory bounds it. T1 (level 1) goes to the block-row scratch Tm, row stride
+        // 24 (its B reads by rows t, columns g hit distinct banks), T2 (level 2) to rows ..31,
+        // columns 32.. of Xs.
+        {
+            auto store = [&](float* dst, int stride, const float (&acc)[1][4], float sign) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+                    *(float2*)(dst + frag_row(2 * i) * stride + frag_col(0)) =
+                        make_float2(sign * acc[0][2 * i], sign * acc[0][2 * i + 1]);
+            };
+            // Level 1, warps 0..3: pair p = w / 2 (block row 2p + 1, column 2p), columns
+            // 8 (w % 2) .. of the pair's 16 x 16 blocks.
+            const int p = warp >> 1, n0 = 8 * (warp & 1), b = 32 * p;
+            float* T1 = Tm + p * 16 * 24;
+            if (warp < 4) {
+                float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+                warp_mma<1, 1, 1, 16>(
+                    acc, [&](int m, int kk) { return As[(b + 16 + m) * SA_ + b + kk]; },
+                    [&](int kk, int n) { return Xs[(b + kk) * SA_ + b + n0 + n]; });
+                store(T1 + n0, 24, acc, 1.0f);
+            }
+            __syncthreads();
+            if (warp < 4) {
+                float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+                warp_mma<1, 1, 1, 16>(
+                    acc, [&](int m, int kk) { return Xs[(b + 16 + m) * SA_ + b + 16 + kk]; },
+                    [&](int kk, int n) { return T1[kk * 24 + n0 + n]; });
+                store(Xs + (b + 16) * SA_ + b + n0, SA_, acc, -1.0f);
+            }
+            __syncthreads();
+            // Level 2, every warp: rows 16 (w / 4) .., columns 8 (w % 4) .. of the 32 x 32 block.
+            const int r0 = 16 * (warp >> 2), c0 = 8 * (warp & 3);
+            float* T2 = Xs + 32;
+            {
+                float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+                warp_mma<1, 1, 1, 32>(
+                    acc, [&](int m, int kk) { return As[(32 + r0 + m) * SA_ + kk]; },
+                    [&](int kk, int n) { return Xs[kk * SA_ + c0 + n]; });
+                store(T2 + r0 * SA_ + c0, SA_, acc, 1.0f);
+            }
+            __syncthreads();
+            {
+                float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+                warp_mma<1, 1, 1, 32>(
+                    acc, [&](int m, int kk) { return Xs[(32 + r0 + m) * SA_ + 32 + kk]; },
+                    [&](int kk, int n) { return T2[kk * SA_ + c0 + n]; });
+                store(Xs + (32 + r0) * SA_ + c0, SA_, acc, -1.0f);
+            }
+            __syncthreads();
+        }
+#elif INTRA_DOUBLING
         // The blocks below the diagonal by doubling: for L = [[L11, 0], [L21, L22]],
         // L^-1 = [[X11, 0], [-X22 L21 X11, X22]] with X11, X22 the inverses of the diagonal
         // halves. Level 1 forms the 16 x 16 blocks (1, 0) and (3, 2) from the diagonal blocks,
