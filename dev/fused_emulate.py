@@ -8,6 +8,8 @@ fused_emulate_driver.cpp against a float64 recurrence. No GPU needed:
     EMU_TRI_SKIP=1: the WG_TRI configuration with TRI_SKIP (n = 64 - 16 kb)
     EMU_INTRA=diag,doubling: chunk_intra's row norms from the diagonals, the inverse by doubling
     EMU_INTRA=doubling,mma: the doubling's products on the tensor cores
+    EMU_OUT=bf16: o written in bf16 (the recurrent kernel's 16-bit store; every fourth case's o
+    2 bytes off 16-byte alignment, which takes the element-by-element store)
     EMU_CONFS=14,15 python3 dev/fused_emulate.py 17   (only those configurations' cases)
 A kernel change can so be checked before device time is spent on it (it is slow: small shapes)."""
 import os
@@ -30,11 +32,13 @@ def replace_asm(src):
         ("mma.sync.aligned.m16n8k16.row.col.f32.f16", "emu_mma16(c, a, b0, b1, true);"),
         ("ldmatrix.sync.aligned.m8n8.x4.trans", "emu_ldsm(r, a, true);"),
         ("ldmatrix.sync.aligned.m8n8.x4.shared", "emu_ldsm(r, a, false);"),
+        ("stmatrix.sync.aligned.m8n8.x4.trans", "emu_stsm(a, r);"),
         ("cvta.to.shared.u64", "s = emu_smem_addr(dst);"),
         ("cp.async.cg.shared.global", "emu_cp_async16((unsigned)s, src, valid);"),
         ("cp.async.commit_group", "emu_cp_commit();"),
         ("cp.async.wait_group", "emu_cp_wait(n);"),
         ("cvt.rn.bf16x2.f32", "r = emu_pack_bf16x2(hi, lo);"),
+        ("cvt.rn.f16x2.f32", "r = emu_pack_f16x2(hi, lo);"),
         ("cvt.f32.f16", "f = emu_f16_to_f32(x);"),
         ("cvt.rn.bf16.f32", "r = emu_f32_to_bf16(x);"),
         ("cvt.rn.f16.f32", "r = emu_f32_to_f16(x);"),
@@ -111,13 +115,14 @@ def main():
     intra = os.environ.get("EMU_INTRA", "").split(",")
     intra_diag, intra_doubling = int("diag" in intra), int("doubling" in intra)
     intra_mma = int(intra_doubling and "mma" in intra)
+    out_t = 1 if os.environ.get("EMU_OUT", "") == "bf16" else 0
     confs = confs + wg_confs
     first_wg = len(confs) - len(wg_confs)
     entries = []
     for n, (dk, dv, vt, split, ksplit, hbuf, late) in enumerate(confs):
         d = (f"#define DK {dk}\n#define DV {dv}\n#define VT {vt}\n#define IN_T 1\n#define FUSED_MMA 1\n"
              f"#define NBUF 2\n#define FUSED_WIDE 0\n#define RTHREADS 256\n#define PLANES 1\n"
-             f"#define PIECES 3\n#define SPLIT_OUT {split}\n#define OUT_T 0\n#define KSPLIT {1 + ksplit}\n"
+             f"#define PIECES 3\n#define SPLIT_OUT {split}\n#define OUT_T {out_t}\n#define KSPLIT {1 + ksplit}\n"
              f"#define HBUF {1 + hbuf}\n#define LATE_PLANES {late}\n"
              # Every other configuration with short chunks' empty row blocks skipped.
              f"#define ROW_SKIP {0 if n >= first_wg else n % 2}\n#define WGMMA {int(n >= first_wg)}\n"
@@ -138,7 +143,7 @@ def main():
                    f'extern "C" void emu_chunk_recurrent_regs_{n}(const void*, long long, long long);\n'
                    for n in range(len(confs)))
     table = "static const Conf CONFS[] = {" + ", ".join(entries) + "};\n"
-    drv_src = open(drv).read().replace("// CONFS", decl + table)
+    drv_src = f"#define EMU_OUT_BF16 {out_t}\n" + open(drv).read().replace("// CONFS", decl + table)
     open(out + "_driver.cpp", "w").write(drv_src)
     cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w", "-o", out, out + "_driver.cpp"] + objs
     try:

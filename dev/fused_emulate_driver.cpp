@@ -179,8 +179,12 @@ int main(int argc, char** argv) {
         std::stable_sort(order.begin(), order.end(), [&](i64 a, i64 b) {
             return sfirst[a + 1] - sfirst[a] > sfirst[b + 1] - sfirst[b];
         });
+        // EMU_OUT_BF16: o in bf16 (NaN where unwritten), every fourth case 2 bytes off 16-byte
+        // alignment; read back into o as f32.
+        std::vector<unsigned short> o16(EMU_OUT_BF16 ? o.size() + 8 : 0, 0x7fc0);
+        unsigned short* o16p = o16.data() + (c % 4 == 3 ? 1 : 0);
         RecParams rp{(u64)q.data(), (u64)k.data(), (u64)v.data(), (u64)a_inv.data(), (u64)pp.data(),
-                     (u64)scal.data(), with_h0 ? (u64)h0.data() : 0, (u64)o.data(), (u64)fin.data(), 0,
+                     (u64)scal.data(), with_h0 ? (u64)h0.data() : 0, EMU_OUT_BF16 ? (u64)o16p : (u64)o.data(), (u64)fin.data(), 0,
                      (u64)cstart.data(), (u64)clen.data(), (u64)sfirst.data(), seqs, h, hv, tiled,
                      0, (u64)decay.data(), (u64)nan_cols.data(), 1, 1, 3, -25.0f, (u64)order.data()};
         const int segments = 2 + rng() % 2;
@@ -197,6 +201,8 @@ int main(int argc, char** argv) {
             rp.part = 2;
         }
         cf.rec(&rp, blocks((long long)seqs * hv * (dv / cf.vt)), rec_smem);
+        if (EMU_OUT_BF16)
+            for (size_t i = 0; i < o.size(); ++i) o[i] = from_bf16(o16p[i]);
         // The float64 recurrence.
         std::vector<double> o_ref(o.size(), 0.0), s_ref(fin.size(), 0.0);
         for (int s = 0; s < seqs; ++s)
@@ -237,7 +243,8 @@ int main(int argc, char** argv) {
         const double es = rel_l2(fin, s_ref, [&](size_t i) {
             return ((i64)i / kv) % hv == nan_j && (i64)i / (hv * kv) == nan_seq;
         });
-        const bool ok = eo <= 1e-5 && es <= 1e-5;
+        // A bf16 o carries its rounding (relative 2^-9 an element at most).
+        const bool ok = eo <= (EMU_OUT_BF16 ? 4e-3 : 1e-5) && es <= 1e-5;
         failures += !ok;
         int nslow = 0;
         for (int x : slow) nslow += x;

@@ -192,6 +192,10 @@ static unsigned short emu_f32_to_bf16(float x) {
 static unsigned emu_pack_bf16x2(float hi, float lo) {
     return ((unsigned)emu_f32_to_bf16(hi) << 16) | emu_f32_to_bf16(lo);
 }
+static unsigned short emu_f32_to_f16(float f);
+static unsigned emu_pack_f16x2(float hi, float lo) {
+    return ((unsigned)emu_f32_to_f16(hi) << 16) | emu_f32_to_f16(lo);
+}
 static float emu_f16_to_f32(unsigned short h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
 static unsigned short emu_f32_to_f16(float f) { _Float16 x = (_Float16)f; unsigned short h; memcpy(&h, &x, 2); return h; }
 static float emu_half(unsigned short h, bool f16) {
@@ -269,6 +273,19 @@ static void emu_ldsm(unsigned (&r)[4], unsigned addr, bool trans) {
             hi = ((const unsigned short*)(emu_smem_buf.data() + (unsigned)w.xi[8 * i + 2 * t + 1]))[g];
         }
         r[i] = ((unsigned)hi << 16) | lo;
+    }
+    w.bar.arrive_and_wait();
+}
+// stmatrix .x4 .trans: the inverse of emu_ldsm's transposing load (lane 8i + j gives the address
+// of row j of matrix i; register i of lane (g, t) goes to rows 2t, 2t + 1 of column g).
+static void emu_stsm(unsigned addr, const unsigned (&r)[4]) {
+    Warp& w = *my_warp;
+    w.xi[my_lane] = (int)addr;
+    w.bar.arrive_and_wait();
+    const int g = my_lane >> 2, t = my_lane & 3;
+    for (int i = 0; i < 4; ++i) {
+        ((unsigned short*)(emu_smem_buf.data() + (unsigned)w.xi[8 * i + 2 * t]))[g] = (unsigned short)(r[i] & 0xffffu);
+        ((unsigned short*)(emu_smem_buf.data() + (unsigned)w.xi[8 * i + 2 * t + 1]))[g] = (unsigned short)(r[i] >> 16);
     }
     w.bar.arrive_and_wait();
 }

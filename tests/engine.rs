@@ -430,6 +430,27 @@ fn cases() -> Vec<Case> {
             dtype: DType::BF16,
             with_h0: true,
         },
+        // Enough (sequence, value head) blocks for the plain recurrent kernel with 128-column
+        // tiles (warpgroup products on Hopper; 16-bit o leaves through shared memory), a short
+        // last chunk in each sequence.
+        Case {
+            name: "bf16 fused, 128 blocks of 128 columns",
+            dims: Dims {
+                batch: 4,
+                seq_len: 130,
+                heads: 16,
+                v_heads: 32,
+                dk: 128,
+                dv: 128,
+            },
+            cu_seqlens: None,
+            opts: Options {
+                out_dtype: Some(DType::F32),
+                ..Options::default()
+            },
+            dtype: DType::BF16,
+            with_h0: true,
+        },
         Case {
             name: "f16 fused, varlen",
             dims: Dims {

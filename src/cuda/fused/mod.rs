@@ -567,13 +567,14 @@ pub struct Tuning {
     /// register spills it has otherwise: NOTES-GPU.md, call BR).
     pub wg_tri: Option<bool>,
     /// `chunk_intra`'s row norms from the products' diagonals (`Config::intra_diag`); by
-    /// default in the fast precision (NOTES-GPU.md, call BV).
+    /// default (NOTES-GPU.md, calls BV and CA).
     pub intra_diag: Option<bool>,
     /// `chunk_intra`'s inverse below the diagonal by doubling (`Config::intra_doubling`); by
-    /// default in the fast precision.
+    /// default.
     pub intra_doubling: Option<bool>,
-    /// With the doubling: its products on the tensor cores (`Config::intra_doubling_mma`);
-    /// off by default (not yet measured on a GPU).
+    /// With the doubling: its products on the tensor cores (`Config::intra_doubling_mma`); by
+    /// default (NOTES-GPU.md, call CA: chunk_intra 11 % faster in the fast precision, 3 % in
+    /// the exact one, on an H100).
     pub intra_doubling_mma: Option<bool>,
 }
 
@@ -763,15 +764,17 @@ fn regs_config_for(
             .unwrap_or_else(|| !split && short_chunks_share(p) >= ROW_SKIP_SHARE),
         wgmma: false,
         wg_tri: false,
-        // chunk_intra's variants by default in the fast precision only. Measured on an H100
-        // (NOTES-GPU.md, call BV), chunk_intra alone at B=8 T=8192: fast 0.99 -> 0.885 ms
-        // (the forward 4.5-5 % faster on the issue shapes); exact 1.151 -> 1.164 (diagonals
-        // alone 1.182, doubling alone 1.145), no faster.
-        intra_diag: tuning.intra_diag.unwrap_or(pieces == 1),
-        intra_doubling: tuning.intra_doubling.unwrap_or(pieces == 1),
+        // chunk_intra's variants by default in both precisions. Measured on an H100, chunk_intra
+        // alone at B=8 T=8192 (NOTES-GPU.md, calls BV and CA): fast 0.99 -> 0.885 ms with the
+        // diagonals and the doubling on FMAs, 0.79 with the doubling's products on the tensor
+        // cores (the forward 5-6 % faster again on the issue shapes); exact 1.149 -> 1.11 with
+        // all three (the forward 1.2-2.3 % faster), where without the tensor-core doubling the
+        // variants were no faster (1.151 -> 1.164).
+        intra_diag: tuning.intra_diag.unwrap_or(true),
+        intra_doubling: tuning.intra_doubling.unwrap_or(true),
         intra_doubling_mma: false,
     };
-    cfg.intra_doubling_mma = cfg.intra_doubling && tuning.intra_doubling_mma.unwrap_or(false);
+    cfg.intra_doubling_mma = cfg.intra_doubling && tuning.intra_doubling_mma.unwrap_or(true);
     // The warpgroup products wherever they apply (the plain kernel on an sm_90 GPU; whole
     // chunks: no row skip there). Measured on an H100 (NOTES-GPU.md, call BO): the recurrent
     // kernel 13 % (exact) and 16 % (fast) faster at B=8 T=8192, the forward 8-10 % on the issue

@@ -20,7 +20,8 @@
 // The 64 x 64 tri-solve is f32 FMA: 16 x 16 diagonal blocks by substitution, then block rows
 // (with INTRA_DOUBLING: by doubling, 16 x 16 then 32 x 32). With INTRA_DIAG the row norms are
 // read off the diagonals of K K^T and Q Q^T instead of a phase of their own (step 3). Both are
-// built with PLANES only; the fast precision takes them (measured: NOTES-GPU.md, call BV).
+// built with PLANES only; both precisions take them, the doubling's products on the tensor
+// cores (INTRA_DOUBLING_MMA; measured: NOTES-GPU.md, calls BV and CA).
 // With chunk_decay set (the segmented recurrent kernel reads it) it also writes, per (chunk,
 // value head), what bounds the chunk's effect on the state entering it: the chunk's total
 // log-decay gamma_last (-inf if a hard reset cuts it: the entering state is then dropped

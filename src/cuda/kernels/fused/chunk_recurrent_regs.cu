@@ -118,6 +118,13 @@
 #if WG_TRI && !WGMMA
 #error "WG_TRI needs WGMMA"
 #endif
+// O_VIA_SMEM (16-bit o, no SPLIT_OUT): a warp's o^T leaves through its own columns of the
+// staged v (read for the last time by R^T, by this warp alone): stmatrix with .trans lays it
+// out as rows of o, which go to device memory as whole 16-byte stores (32 bytes a row and warp,
+// one sector). Why: stored element by element, o took 32 two-byte stores a lane and chunk, with
+// their address arithmetic and row tests (about 10 % of the fast kernel's instructions:
+// NOTES-GPU.md, call BZ's profile). Taken where o is 16-byte aligned (else element by element).
+#define O_VIA_SMEM (OUT_T != 0 && !SPLIT_OUT)
 template <bool B>
 struct Flag {
     static constexpr bool value = B;
@@ -484,6 +491,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
     const i64 hv = P.hv, tiles = DV / VT, kv = (i64)DK * DV;
     // Fragment element e of tile nb: row (state column) g + 8 (e >> 1), column 8 nb + 2t + (e & 1).
     const int cw = 16 * grp;
+    // This lane's row of the transposing loads and stores of 8 x 8 tiles of the staged v (bytes
+    // from its start): row (lane & 7) + 8 (lane >> 4), column cw + 8 ((lane >> 3) & 1), so that
+    // register i of a 4-tile access is row tile i >> 1, column half i & 1.
+    const unsigned v_lane = 2u * (((lane & 7) + 8 * (lane >> 4)) * SVR + cw + 8 * ((lane >> 3) & 1));
+#if O_VIA_SMEM
+    const bool o_vec = (P.o & 15) == 0;
+#endif
     // This group's state slice (see hs below) in buffer 0 of HBUF, after the stage buffers.
     float4* hs_all = (float4*)(smem_raw + stages_bytes());
     float4* const hs0 = hs_all + grp * (NDT * 32) + lane;
@@ -677,6 +691,38 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #else
                 times_planes<!whole>(qh, vn, Pr, len);
 #endif
+#if O_VIA_SMEM
+                if (o_vec) {
+                    if (lv < len) {  // the same for the whole warp
+#pragma unroll
+                        for (int nb = 0; nb < NTT; ++nb)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e)
+                                if (8 * nb + 2 * t + (e & 1) >= lv) qh[nb][e] = __int_as_float(0x7fc00000);
+                    }
+                    const unsigned vb = smem_addr(st.Vr) + v_lane;
+#pragma unroll
+                    for (int nb = 0; nb < NTT; nb += 2) {
+                        const unsigned x[4] = {pack_out(qh[nb][0], qh[nb][1]), pack_out(qh[nb][2], qh[nb][3]),
+                                               pack_out(qh[nb + 1][0], qh[nb + 1][1]),
+                                               pack_out(qh[nb + 1][2], qh[nb + 1][3])};
+                        stsm_x4_t(vb + 2u * (8 * nb) * SVR, x);
+                    }
+                    __syncwarp();
+                    // Lane: 16 bytes of rows (lane & 7) + 8 (lane >> 4) + 16 i, columns
+                    // 8 ((lane >> 3) & 1) of the warp's 16: eight lanes read eight rows (distinct
+                    // banks) and a store writes 16 whole 32-byte row pieces.
+                    const int r0 = (lane & 7) + 8 * (lane >> 4), c8 = cw + 8 * ((lane >> 3) & 1);
+                    out_t* op = o + (start + r0) * hv * DV + j * DV + c0 + c8;
+#pragma unroll
+                    for (int i = 0; i < C / 16; ++i) {
+                        const int r = r0 + 16 * i;
+                        const uint4 x = *(const uint4*)(st.Vr + r * SVR + c8);
+                        if (r < len) *(uint4*)(op + 16 * i * hv * DV) = x;
+                    }
+                    return;
+                }
+#endif
                 // Row stride of o, opaque here so that the 16 row offsets are formed at the
                 // stores rather than hoisted out of the loop into 32 live registers.
                 i64 rs = hv * DV;
@@ -734,19 +780,48 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     h_times<DK / 16, !whole>(kh_, hs, Kr, 0, len);
                 }
 #endif
-                // R^T in place of KH^T; lv.
-                int bad = len;
+                // R^T in place of KH^T, v^T read in fragment order (two row tiles a transposing
+                // load); then lv. Rows past the chunk's end are staged as zeros, so a sum of
+                // v r * 0 and d * 0 over the lane's elements is NaN only where some v or d is not
+                // finite (an infinite d, never marked, merely takes the exact test below).
+                float z0 = 0.0f, z1 = 0.0f;
+                {
+                    const unsigned vb = smem_addr(st.Vr) + v_lane;
 #pragma unroll
-                for (int nb = 0; nb < NTT; ++nb)
+                    for (int nb = 0; nb < NTT; nb += 2) {
+                        unsigned vv[4];
+                        ldsm_x4_t(vv, vb + 2u * (8 * nb) * SVR);
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int r = 8 * nb + 2 * t + (e & 1), cc = cw + g + 8 * (e >> 1);
-                        const float4 s = st.sc[r];
-                        const float vr = __uint_as_float(((unsigned)st.Vr[r * SVR + cc]) << 16);
-                        if (r < len && (isnan(s.w) || !isfinite(vr))) bad = min(bad, r);
-                        kh_[nb][e] = fmaf(-s.x, kh_[nb][e], vr);
+                        for (int x = 0; x < 2; ++x)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                const int r = 8 * (nb + x) + 2 * t + (e & 1);
+                                const unsigned w = vv[2 * x + (e >> 1)];
+                                const float vr = __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
+                                const float4 s = st.sc[r];
+                                if (e & 1) {
+                                    z1 = fmaf(vr, 0.0f, z1);
+                                } else {
+                                    z0 = fmaf(vr, 0.0f, z0);
+                                }
+                                if (e < 2) z1 = fmaf(s.w, 0.0f, z1);
+                                kh_[nb + x][e] = fmaf(-s.x, kh_[nb + x][e], vr);
+                            }
                     }
-                lv = __reduce_min_sync(0xffffffffu, bad);
+                }
+                if (__any_sync(0xffffffffu, isnan(z0 + z1))) {
+                    // The first row with a NaN d (chunk_intra's mark) or a non-finite v.
+                    int bad = len;
+#pragma unroll
+                    for (int nb = 0; nb < NTT; ++nb)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int r = 8 * nb + 2 * t + (e & 1), cc = cw + g + 8 * (e >> 1);
+                            const float vr = __uint_as_float(((unsigned)st.Vr[r * SVR + cc]) << 16);
+                            if (r < len && (isnan(st.sc[r].w) || !isfinite(vr))) bad = min(bad, r);
+                        }
+                    lv = __reduce_min_sync(0xffffffffu, bad);
+                }
                 PHASE();
                 if (lv < len) {  // the same for the whole warp
 #pragma unroll

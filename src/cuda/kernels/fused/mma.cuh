@@ -42,6 +42,16 @@ __device__ __forceinline__ unsigned short from_f(float x) {
 #endif
     return r;
 }
+// Two values narrowed as from_f does, lo in the low half (the lower address in memory).
+__device__ __forceinline__ unsigned pack_out(float lo, float hi) {
+    unsigned r;
+#if OUT_T == 1
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
 #endif
 // SPLIT_IN: whether an input value needs the hi + lo split to be exact in TF32. bf16 (8
 // significant bits) and f16 (11, exponent range inside f32's) are exact in TF32 (11 bits); f32
@@ -390,6 +400,13 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned a) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
+}
+// The inverse of ldsm_x4_t: register i of each lane, as ldsm_x4_t's result would hold it, goes
+// to matrix i's rows 2t, 2t + 1 of column g (lane l giving row l % 8 of matrix l / 8).
+__device__ __forceinline__ void stsm_x4_t(unsigned a, const unsigned (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};"
+                 ::"r"(a), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
 }
 // A bf16 row-major matrix in shared memory for the loads below: this lane's row address in
 // either pattern, so that every load is that address plus a constant.
