@@ -681,15 +681,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
         if (tid < len) {
             const int last = len - 1;
             const float dl = decay(gam[last], lo[last], seg[last], gam[tid], lo[tid], seg[tid]);
-            float* s = scal + ((start + tid) * hv + j) * 4;
-            if (tid < lenf) {
-                s[0] = dd[tid] * rk[tid];
-                s[1] = P.scale * rq[tid] * dd[tid];
-                s[2] = rk[tid] * dl;
-                s[3] = dd[tid];
-            } else {
-                s[0] = s[1] = s[2] = s[3] = __int_as_float(0x7fc00000);  // NaN: the row's mark
-            }
+            const float nan = __int_as_float(0x7fc00000);  // NaN: the row's mark
+            // One 16-byte store a row (four 4-byte ones cost a sector each).
+            *(float4*)(scal + ((start + tid) * hv + j) * 4) =
+                tid < lenf ? make_float4(dd[tid] * rk[tid], P.scale * rq[tid] * dd[tid], rk[tid] * dl, dd[tid])
+                           : make_float4(nan, nan, nan, nan);
         }
     }
 }
