@@ -781,9 +781,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 }
 #endif
                 // R^T in place of KH^T, v^T read in fragment order (two row tiles a transposing
-                // load); then lv. Rows past the chunk's end are staged as zeros, so a sum of
-                // v r * 0 and d * 0 over the lane's elements is NaN only where some v or d is not
-                // finite (an infinite d, never marked, merely takes the exact test below).
+                // load); then lv. Rows past the chunk's end are staged as zeros, so the sums of
+                // v * 0 and d * 0 over the lane's elements are NaN only where some v or d is not
+                // finite (an infinite d, never marked, merely takes the exact search below).
                 float z0 = 0.0f, z1 = 0.0f;
                 {
                     const unsigned vb = smem_addr(st.Vr) + v_lane;
