@@ -10,6 +10,9 @@ fused_emulate_driver.cpp against a float64 recurrence. No GPU needed:
     EMU_INTRA=doubling,mma: the doubling's products on the tensor cores
     EMU_OUT=bf16: o written in bf16 (the recurrent kernel's 16-bit store; every fourth case's o
     2 bytes off 16-byte alignment, which takes the element-by-element store)
+    EMU_PINREC=1: p formed in the recurrent kernel (P_IN_REC) in the WG_TRI configurations, a
+    second of them with 128 columns (two warpgroups); chunk_intra's diagonals with it
+    EMU_PIECES=1: the fast precision's one bf16 piece (the bound then FLA's: 4e-3)
     EMU_CONFS=14,15 python3 dev/fused_emulate.py 17   (only those configurations' cases)
 A kernel change can so be checked before device time is spent on it (it is slow: small shapes)."""
 import os
@@ -47,6 +50,7 @@ def replace_asm(src):
         ("wgmma.wait_group", "emu_fence();"),
         ("fence.proxy.async", "emu_fence();"),
         ("{\\n.reg .pred p;", "emu_wgmma(d, a, desc, TB, NW);"),
+        ("{\\n.reg .pred s;", "emu_wgmma_ss(d, da, db, NW);"),
         ("bar.arrive", "emu_bar_arrive(id, n);"),
         ("bar.sync", "emu_bar_sync(id, n);"),
     ]
@@ -109,7 +113,9 @@ def main():
                 (128, 64, 64, 0, 0, 0, 1)]
     # WG_TRI (the triangular products on wgmma too) on the last, and, from the environment, its
     # row skip (EMU_TRI_SKIP=1: n = 64 - 16 kb).
-    tri = {len(confs) + 3}
+    pinrec = os.environ.get("EMU_PINREC", "0") == "1"
+    pieces = int(os.environ.get("EMU_PIECES", "3"))
+    tri = {len(confs) + 3} | ({len(confs) + 1} if pinrec else set())
     tri_skip = os.environ.get("EMU_TRI_SKIP", "0")
     # chunk_intra's variants (Config::intra_diag, intra_doubling): EMU_INTRA=diag,doubling.
     intra = os.environ.get("EMU_INTRA", "").split(",")
@@ -122,12 +128,13 @@ def main():
     for n, (dk, dv, vt, split, ksplit, hbuf, late) in enumerate(confs):
         d = (f"#define DK {dk}\n#define DV {dv}\n#define VT {vt}\n#define IN_T 1\n#define FUSED_MMA 1\n"
              f"#define NBUF 2\n#define FUSED_WIDE 0\n#define RTHREADS 256\n#define PLANES 1\n"
-             f"#define PIECES 3\n#define SPLIT_OUT {split}\n#define OUT_T {out_t}\n#define KSPLIT {1 + ksplit}\n"
+             f"#define PIECES {pieces}\n#define SPLIT_OUT {split}\n#define OUT_T {out_t}\n#define KSPLIT {1 + ksplit}\n"
              f"#define HBUF {1 + hbuf}\n#define LATE_PLANES {late}\n"
              # Every other configuration with short chunks' empty row blocks skipped.
              f"#define ROW_SKIP {0 if n >= first_wg else n % 2}\n#define WGMMA {int(n >= first_wg)}\n"
              f"#define WG_TRI {int(n in tri)}\n#define TRI_SKIP {tri_skip}\n"
-             f"#define INTRA_DIAG {intra_diag}\n#define INTRA_DOUBLING {intra_doubling}\n"
+             f"#define INTRA_DIAG {int(intra_diag or (pinrec and n in tri))}\n#define INTRA_DOUBLING {intra_doubling}\n"
+             f"#define P_IN_REC {int(pinrec and n in tri)}\n"
              f"#define INTRA_DOUBLING_MMA {intra_mma}\n")
         for kernel, fn in [("chunk_intra.cu", "chunk_intra"), ("chunk_recurrent_regs.cu", "chunk_recurrent_regs")]:
             name = f"{fn}_{n}"
@@ -143,7 +150,7 @@ def main():
                    f'extern "C" void emu_chunk_recurrent_regs_{n}(const void*, long long, long long);\n'
                    for n in range(len(confs)))
     table = "static const Conf CONFS[] = {" + ", ".join(entries) + "};\n"
-    drv_src = f"#define EMU_OUT_BF16 {out_t}\n" + open(drv).read().replace("// CONFS", decl + table)
+    drv_src = f"#define EMU_OUT_BF16 {out_t}\n#define EMU_PIECES {pieces}\n" + open(drv).read().replace("// CONFS", decl + table)
     open(out + "_driver.cpp", "w").write(drv_src)
     cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w", "-o", out, out + "_driver.cpp"] + objs
     try:

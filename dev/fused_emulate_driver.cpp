@@ -35,6 +35,8 @@ struct RecParams {
     i64 segments, min_seg, warm_max;
     float warm_log;
     u64 seq_order;
+    float scale;
+    int l2norm;
 };
 struct Conf {
     int dk, dv, vt, split, ksplit, hbuf, late;
@@ -159,7 +161,7 @@ int main(int argc, char** argv) {
         // so a recurrent kernel that read one would show it.
         const i64 rows = T * hv;
         std::vector<unsigned short> a_inv(rows * 3 * C, 0xffff), pp(rows * 3 * C, 0xffff);
-        std::vector<float> scal(rows * 4), o(T * hv * dv, NAN), fin(seqs * hv * kv, NAN);
+        std::vector<float> scal(rows * 8), o(T * hv * dv, NAN), fin(seqs * hv * kv, NAN);
         std::vector<float> decay(chunks * hv, NAN);
         std::vector<int> nan_cols(seqs * 3 * hv * 2 * dv, -1);
         IntraParams ip{(u64)q.data(), (u64)k.data(), (u64)g.data(), (u64)beta.data(), 0, 0,
@@ -186,7 +188,7 @@ int main(int argc, char** argv) {
         RecParams rp{(u64)q.data(), (u64)k.data(), (u64)v.data(), (u64)a_inv.data(), (u64)pp.data(),
                      (u64)scal.data(), with_h0 ? (u64)h0.data() : 0, EMU_OUT_BF16 ? (u64)o16p : (u64)o.data(), (u64)fin.data(), 0,
                      (u64)cstart.data(), (u64)clen.data(), (u64)sfirst.data(), seqs, h, hv, tiled,
-                     0, (u64)decay.data(), (u64)nan_cols.data(), 1, 1, 3, -25.0f, (u64)order.data()};
+                     0, (u64)decay.data(), (u64)nan_cols.data(), 1, 1, 3, -25.0f, (u64)order.data(), scale, l2};
         const int segments = 2 + rng() % 2;
         const long long groups = cf.vt / 16;
         const long long stage = (2 * C * (dk + 8) + 2 * C * (3 * C + 8) + C * (cf.vt + 8)) * 2 + C * 16;
@@ -244,7 +246,9 @@ int main(int argc, char** argv) {
             return ((i64)i / kv) % hv == nan_j && (i64)i / (hv * kv) == nan_seq;
         });
         // A bf16 o carries its rounding (relative 2^-9 an element at most).
-        const bool ok = eo <= (EMU_OUT_BF16 ? 4e-3 : 1e-5) && es <= 1e-5;
+        // One bf16 piece an f32 operand (the fast precision): FLA's bound.
+        const double bound = EMU_PIECES < 3 ? 4e-3 : 1e-5;
+        const bool ok = eo <= (EMU_OUT_BF16 ? std::max(4e-3, bound) : bound) && es <= bound;
         failures += !ok;
         int nslow = 0;
         for (int x : slow) nslow += x;

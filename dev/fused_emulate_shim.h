@@ -333,6 +333,35 @@ static void emu_wgmma(float (&d)[8][4], const unsigned (&a)[4], unsigned long lo
             d[i][e] = (float)sum;
         }
 }
+// wgmma with both operands in shared memory, both K-major (wgmma_ss): d (64 x 8 nw) += A B.
+template <int NT>
+static void emu_wgmma_ss(float (&d)[NT][4], unsigned long long da, unsigned long long db, int nw) {
+    WarpGroup& G = *my_wg;
+    const int me = threadIdx.x % 128;
+    G.desc[me] = da ^ (db * 1315423911ull);
+    G.bar.arrive_and_wait();
+    for (int T = 0; T < 128; ++T)
+        if (G.desc[T] != G.desc[me]) abort();  // one product of the warpgroup
+    for (unsigned long long x : {da, db})
+        if ((x >> 62) != 1 || ((x >> 16) & 0x3fff) != 64 || ((x >> 32) & 0x3fff) != 64) abort();
+    G.bar.arrive_and_wait();
+    if (nw != NT) abort();
+    auto at = [](unsigned long long desc, int row, int k) {
+        unsigned a = ((unsigned)(desc & 0x3fff) << 4) + row * 128 + 2 * k;
+        a ^= ((a >> 7) & 7) << 4;
+        unsigned short x;
+        memcpy(&x, emu_smem_buf.data() + a, 2);
+        return (double)emu_half(x, false);
+    };
+    const int w = me / 32, g = my_lane >> 2, t = my_lane & 3;
+    for (int i = 0; i < NT; ++i)
+        for (int e = 0; e < 4; ++e) {
+            const int r = 16 * w + g + 8 * (e >> 1), col = 8 * i + 2 * t + (e & 1);
+            double sum = d[i][e];
+            for (int k = 0; k < 16; ++k) sum += at(da, r, k) * at(db, col, k);
+            d[i][e] = (float)sum;
+        }
+}
 // A launch: blocks one after the other, each on `threads` threads, its shared memory poisoned
 // (all bits set: NaN as f32 and as bf16) so that a read before a write shows.
 template <class F>

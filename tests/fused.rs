@@ -263,6 +263,29 @@ fn tunings() -> Vec<fused::Tuning> {
             segments: Some(2),
             ..Tuning::default()
         },
+        // p formed in the recurrent kernel (the fast precision's default): two warpgroups,
+        // one (with the planes in one buffer), and in segments.
+        Tuning {
+            regs: Some(true),
+            vt: Some(128),
+            p_in_rec: Some(true),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            vt: Some(64),
+            split: Some(false),
+            late_planes: Some(true),
+            p_in_rec: Some(true),
+            ..Tuning::default()
+        },
+        Tuning {
+            regs: Some(true),
+            vt: Some(128),
+            segments: Some(2),
+            p_in_rec: Some(true),
+            ..Tuning::default()
+        },
     ]
 }
 
@@ -578,4 +601,21 @@ fn fused_fast_precision_within_fla_error_or_skip_without_gpu() {
 #[test]
 fn fused_kernel_source_runs_correctly_under_host_emulation() {
     common::host_emulation_passes("fused_emulate.py", 18);
+}
+
+/// p formed in the recurrent kernel (`P_IN_REC`) under the host emulation, with one warpgroup and
+/// with two, in the fast precision's one bf16 piece (the bound then FLA's) and in three.
+#[test]
+fn fused_p_in_recurrent_kernel_runs_correctly_under_host_emulation() {
+    for pieces in ["1", "3"] {
+        common::host_emulation_passes_with(
+            "fused_emulate.py",
+            36,
+            &[
+                ("EMU_PINREC", "1"),
+                ("EMU_PIECES", pieces),
+                ("EMU_CONFS", "15,17"),
+            ],
+        );
+    }
 }

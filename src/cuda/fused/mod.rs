@@ -151,6 +151,10 @@ pub struct Config {
     /// With `intra_doubling`: the doubling's products on the tensor cores (three TF32 passes)
     /// instead of f32 FMAs (`INTRA_DOUBLING_MMA`).
     pub intra_doubling_mma: bool,
+    /// With `wg_tri` and `intra_diag`: `p` formed in the recurrent kernel from the q and k it
+    /// stages (a warpgroup product), not by `chunk_intra` through the workspace (`P_IN_REC`):
+    /// q is read once a forward, and `chunk_intra` forms no `Q K^T`.
+    pub p_in_rec: bool,
 }
 
 impl Config {
@@ -161,7 +165,7 @@ impl Config {
              #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n\
              #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n#define HBUF {}\n#define LATE_PLANES {}\n\
              #define ROW_SKIP {}\n#define WGMMA {}\n#define WG_TRI {}\n#define INTRA_DIAG {}\n\
-             #define INTRA_DOUBLING {}\n#define INTRA_DOUBLING_MMA {}\n",
+             #define INTRA_DOUBLING {}\n#define INTRA_DOUBLING_MMA {}\n#define P_IN_REC {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -183,6 +187,7 @@ impl Config {
             i32::from(self.intra_diag),
             i32::from(self.intra_doubling),
             i32::from(self.intra_doubling_mma),
+            i32::from(self.p_in_rec),
         )
     }
 
@@ -258,6 +263,13 @@ impl Config {
                     2 * CHUNK * spl * 2
                 };
                 let rows = (2 * CHUNK * sk + CHUNK * svr) * 2 + CHUNK * 16;
+                // With `p_in_rec`: four more scalings and scale rq a row, the buffer a
+                // multiple of 1024 bytes (the swizzled K of the next one follows).
+                let rows = if self.p_in_rec {
+                    (rows + CHUNK * 20).next_multiple_of(1024)
+                } else {
+                    rows
+                };
                 let stages = if self.late_planes {
                     planes + self.nbuf * rows
                 } else {
@@ -340,6 +352,7 @@ pub fn standard_configs() -> Vec<Config> {
         intra_diag: false,
         intra_doubling: false,
         intra_doubling_mma: false,
+        p_in_rec: false,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -430,6 +443,22 @@ pub fn standard_configs() -> Vec<Config> {
         intra_doubling: true,
         ..config(64, 128, 64, DType::BF16, 2, false)
     });
+    // p formed in the recurrent kernel: both precisions, two warpgroups (128 columns) and one.
+    for (pieces, vt) in [(1, 128), (3, 128), (1, 64)] {
+        v.push(Config {
+            regs: true,
+            pieces,
+            late_planes: pieces == 3,
+            wgmma: true,
+            wg_tri: true,
+            out: DType::BF16,
+            intra_diag: true,
+            intra_doubling: true,
+            intra_doubling_mma: true,
+            p_in_rec: true,
+            ..config(128, 128, vt, DType::BF16, 2, false)
+        });
+    }
     // o written in bf16 by both recurrent kernels.
     v.push(Config {
         out: DType::BF16,
@@ -576,6 +605,9 @@ pub struct Tuning {
     /// default (NOTES-GPU.md, call CA: chunk_intra 11 % faster in the fast precision, 3 % in
     /// the exact one, on an H100).
     pub intra_doubling_mma: Option<bool>,
+    /// `p` formed in the recurrent kernel (`Config::p_in_rec`) where the warpgroup products run
+    /// (every recurrent launch of the forward on them); by default in the fast precision.
+    pub p_in_rec: Option<bool>,
 }
 
 impl Tuning {
@@ -585,7 +617,7 @@ impl Tuning {
     /// `DELTANET_FUSED_HBUF=0|1`, `DELTANET_FUSED_SEGMENTS`, `DELTANET_FUSED_LATE=0|1`,
     /// `DELTANET_FUSED_BLOCKS`, `DELTANET_FUSED_ROWSKIP=0|1`, `DELTANET_FUSED_WGMMA=0|1`,
     /// `DELTANET_FUSED_WGTRI=0|1`, `DELTANET_FUSED_INTRADIAG=0|1`, `DELTANET_FUSED_DOUBLING=0|1`,
-    /// `DELTANET_FUSED_DOUBLINGMMA=0|1`.
+    /// `DELTANET_FUSED_DOUBLINGMMA=0|1`, `DELTANET_FUSED_PINREC=0|1`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -614,6 +646,7 @@ impl Tuning {
             intra_diag: flag("DELTANET_FUSED_INTRADIAG"),
             intra_doubling: flag("DELTANET_FUSED_DOUBLING"),
             intra_doubling_mma: flag("DELTANET_FUSED_DOUBLINGMMA"),
+            p_in_rec: flag("DELTANET_FUSED_PINREC"),
         }
     }
 }
@@ -663,6 +696,7 @@ fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &
         intra_diag: false,
         intra_doubling: false,
         intra_doubling_mma: false,
+        p_in_rec: false,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -773,6 +807,7 @@ fn regs_config_for(
         intra_diag: tuning.intra_diag.unwrap_or(true),
         intra_doubling: tuning.intra_doubling.unwrap_or(true),
         intra_doubling_mma: false,
+        p_in_rec: false,
     };
     cfg.intra_doubling_mma = cfg.intra_doubling && tuning.intra_doubling_mma.unwrap_or(true);
     // The warpgroup products wherever they apply (the plain kernel on an sm_90 GPU; whole
@@ -792,6 +827,7 @@ fn regs_config_for(
         cfg.row_skip = false;
         cfg.wg_tri = tuning.wg_tri.unwrap_or(true);
     }
+    cfg.p_in_rec = cfg.wg_tri && cfg.intra_diag && tuning.p_in_rec.unwrap_or(false);
     let max = dev.max_shared_per_block();
     // Where two whole stage buffers do not fit beside the plain kernel's state (the exact
     // 128-column one), two of every row but the planes, one buffer of those (NOTES-GPU.md, call
@@ -987,6 +1023,8 @@ struct RecParams {
     warm_max: i64,
     warm_log: f32,
     seq_order: u64,
+    scale: f32,
+    l2norm: i32,
 }
 
 // SAFETY: plain #[repr(C)] data mirrored field by field in the .cu files, passed by value.
@@ -1120,7 +1158,7 @@ pub(crate) fn forward_with_tables(
             ));
         }
     }
-    let cfg = Config {
+    let mut cfg = Config {
         out: io.o_dtype,
         ..config(dev, p, opts, io.dtype, tuning)
     };
@@ -1134,9 +1172,18 @@ pub(crate) fn forward_with_tables(
     let rows = (tokens * hv) as u64;
     let a_inv = io.workspace;
     let pbuf = a_inv + rows * cfg.row_bytes() as u64;
-    let scal = pbuf + rows * cfg.row_bytes() as u64;
-    let seg = segmenting(dev, p, opts, tuning, &cfg, io.chunk_states != 0);
-    let chunk_decay = if seg.is_some() { scal + rows * 16 } else { 0 };
+    let scal4 = pbuf + rows * cfg.row_bytes() as u64;
+    let mut seg = segmenting(dev, p, opts, tuning, &cfg, io.chunk_states != 0);
+    // chunk_intra writes p, or its eight scalings a row for p formed later, for every
+    // recurrent launch of the forward alike.
+    let p_in_rec = cfg.p_in_rec && seg.as_ref().is_none_or(|s| s.0.p_in_rec);
+    cfg.p_in_rec = p_in_rec;
+    if let Some(s) = seg.as_mut() {
+        s.0.p_in_rec = p_in_rec;
+    }
+    // With p formed later, the scalings' rows (32 bytes) where the p rows would be.
+    let scal = if p_in_rec { pbuf } else { scal4 };
+    let chunk_decay = if seg.is_some() { scal4 + rows * 16 } else { 0 };
     let nan_cols = if seg.is_some() {
         chunk_decay + (chunks * hv * 4) as u64
     } else {
@@ -1210,6 +1257,8 @@ pub(crate) fn forward_with_tables(
         warm_max: WARM_MAX_CHUNKS,
         warm_log: WARM_LOG,
         seq_order: t.seq_order,
+        scale: opts.scale_for(p.dk()),
+        l2norm: i32::from(opts.use_qk_l2norm),
     };
     if only == "intra" {
         return Ok(());

@@ -49,6 +49,19 @@
 #if INTRA_DOUBLING_MMA && !INTRA_DOUBLING
 #error "INTRA_DOUBLING_MMA needs INTRA_DOUBLING"
 #endif
+// P_IN_REC (with INTRA_DIAG; for chunk_recurrent_regs built with it): p is formed in the
+// recurrent kernel from the q and k it stages anyway, so that q is read once in the forward, not
+// twice, and p never goes through device memory. chunk_intra then stages no q, forms no Q K^T
+// and no |q|, and writes per row eight scalings instead of four:
+//   scal[i] = { d_i rk_i, d_i, rk_i D_last,i, d_i, gamma_i, lo_i, seg_i, rk_i }
+// (the recurrent kernel applies scale rq_i to each output row, and forms D_il from gamma + lo
+// and seg as this kernel does).
+#ifndef P_IN_REC
+#define P_IN_REC 0
+#endif
+#if P_IN_REC && !INTRA_DIAG
+#error "P_IN_REC needs INTRA_DIAG (the row norms of k from K K^T's diagonal)"
+#endif
 #if (INTRA_DIAG || INTRA_DOUBLING) && !PLANES
 #error "INTRA_DIAG and INTRA_DOUBLING are built with PLANES only (64 registers: the f32 rows' form spills)"
 #endif
@@ -155,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             bet[tid] = be;
         }
         stage_rows_by<in_t, DK, THREADS>(Ks, SK, k + (start * P.h + kh) * DK, P.h * DK, len, tid);
-        stage_rows_by<in_t, DK, THREADS>(Qs, SK, q + (start * P.h + kh) * DK, P.h * DK, len, tid);
+        if (!P_IN_REC) stage_rows_by<in_t, DK, THREADS>(Qs, SK, q + (start * P.h + kh) * DK, P.h * DK, len, tid);
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
@@ -293,7 +306,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
         auto q_diagonal = [&](int rb, int cb, float (&qdiag)[2]) {
             qdiag[0] = qdiag[1] = 0.0f;
             const int dofs = rb - cb;
-            if (!P.l2norm || (dofs != 0 && dofs != 16)) return;
+            if (P_IN_REC || !P.l2norm || (dofs != 0 && dofs != 16)) return;
             float qd[2][4];
 #pragma unroll
             for (int a = 0; a < 2; ++a)
@@ -378,17 +391,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
                 for (int kb = 0; kb < DK / 16; ++kb) {
                     unsigned ak[4], aq[4], b0[4], b1[4];
                     ldsm_x4(ak, Kr.bt + 2u * (rb * SK + 16 * kb));
-                    ldsm_x4(aq, Qr.bt + 2u * (rb * SK + 16 * kb));
+                    if (!P_IN_REC) ldsm_x4(aq, Qr.bt + 2u * (rb * SK + 16 * kb));
                     ldsm_b(b0, Kr, SK, cb, 16 * kb);
                     ldsm_b(b1, Kr, SK, cb + 16, 16 * kb);
                     mma_in16(sk[0], ak, b0[0], b0[1]);
                     mma_in16(sk[1], ak, b0[2], b0[3]);
                     mma_in16(sk[2], ak, b1[0], b1[1]);
                     mma_in16(sk[3], ak, b1[2], b1[3]);
-                    mma_in16(sq[0], aq, b0[0], b0[1]);
-                    mma_in16(sq[1], aq, b0[2], b0[3]);
-                    mma_in16(sq[2], aq, b1[0], b1[1]);
-                    mma_in16(sq[3], aq, b1[2], b1[3]);
+                    if (!P_IN_REC) {
+                        mma_in16(sq[0], aq, b0[0], b0[1]);
+                        mma_in16(sq[1], aq, b0[2], b0[3]);
+                        mma_in16(sq[2], aq, b1[0], b1[1]);
+                        mma_in16(sq[3], aq, b1[2], b1[3]);
+                    }
                 }
 #else
                 auto kt = [&](int kk, int n) { return to_f(Ks[(cb + n) * SK + kk]); };
@@ -446,7 +461,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
                         pv[h] = valid ? rp[i] * colk[h] * sq[a][2 * i + h] * dec : 0.0f;
                         if (!check || l < r) As[r * SA_ + l] = av;
                     }
-                    if (!check || r < len) store_p(r, l0, pv);
+                    if (!P_IN_REC && (!check || r < len)) store_p(r, l0, pv);
                 }
             };
 #pragma unroll
@@ -683,9 +698,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             const float dl = decay(gam[last], lo[last], seg[last], gam[tid], lo[tid], seg[tid]);
             const float nan = __int_as_float(0x7fc00000);  // NaN: the row's mark
             // One 16-byte store a row (four 4-byte ones cost a sector each).
+#if P_IN_REC
+            float* s8 = scal + ((start + tid) * hv + j) * 8;
+            *(float4*)s8 = tid < lenf ? make_float4(dd[tid] * rk[tid], dd[tid], rk[tid] * dl, dd[tid])
+                                      : make_float4(nan, nan, nan, nan);
+            *(float4*)(s8 + 4) = make_float4(gam[tid], lo[tid], seg[tid], rk[tid]);
+#else
             *(float4*)(scal + ((start + tid) * hv + j) * 4) =
                 tid < lenf ? make_float4(dd[tid] * rk[tid], P.scale * rq[tid] * dd[tid], rk[tid] * dl, dd[tid])
                            : make_float4(nan, nan, nan, nan);
+#endif
         }
     }
 }

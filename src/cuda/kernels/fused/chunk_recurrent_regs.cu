@@ -125,6 +125,21 @@
 // their address arithmetic and row tests (about 10 % of the fast kernel's instructions:
 // NOTES-GPU.md, call BZ's profile). Taken where o is 16-byte aligned (else element by element).
 #define O_VIA_SMEM (OUT_T != 0 && !SPLIT_OUT)
+// P_IN_REC (with WG_TRI; chunk_intra built with it too): p is formed here, not staged. Per chunk
+// each warpgroup forms its share of the columns of P' = (Q K^T) diag(rk) * D (D_il from gamma +
+// lo and seg, 0 above the diagonal and past the chunk's end) as a warpgroup product of the staged
+// Q and K (both operands in shared memory), writes it as the PIECES planes the triangular product
+// reads, and the row factor scale rq_i (from |q_i|, summed here over the staged q) multiplies
+// each output row at the end:
+//   o^T = (QH^T diag(d) + v_new^T P'^T) diag(scale rq)
+// Why: chunk_intra then reads no q and writes no p (the forward's q is read once, and p never
+// goes through device memory), and the products here have their operands staged already.
+#ifndef P_IN_REC
+#define P_IN_REC 0
+#endif
+#if P_IN_REC && !WG_TRI
+#error "P_IN_REC needs WG_TRI"
+#endif
 template <bool B>
 struct Flag {
     static constexpr bool value = B;
@@ -176,6 +191,8 @@ struct RecParams {
                                   // order). Blocks start about in index order, so the longest
                                   // sequences' items go first and the short ones fill the tail
                                   // (varlen: the last blocks to finish are short ones).
+    float scale;                  // with P_IN_REC: the output scale, and whether q is l2-normed
+    int l2norm;
 };
 
 // Segments of a sequence of cnt chunks, and where segment s of S starts.
@@ -231,13 +248,19 @@ struct Stage {
     u16* Pm;      // [C][SPL] p planes
     u16* Vr;      // [C][SVR] v, this block's columns
     float4* sc;   // [C] row scalings
+    float4* sc2;  // [C] with P_IN_REC: gamma, lo, seg, rk of each row
+    float* rp;    // [C] with P_IN_REC: scale rq of each row (formed here)
 };
 // A stage buffer's a_inv and p planes, and its other rows (scalings first: 16-byte aligned; with
 // WGMMA K and Q first, 1024-aligned).
 __device__ __forceinline__ size_t planes_bytes() { return WG_TRI ? (size_t)2 * PIECES * 8192 : (size_t)2 * C * SPL * 2; }
 #if WGMMA
-// K and Q first (1024-aligned: every part before them is a multiple of 1024 bytes), unpadded.
-__device__ __forceinline__ size_t rows_bytes() { return (size_t)(2 * C * DK + C * SVR) * 2 + C * 16; }
+// K and Q first (1024-aligned: every part before them is a multiple of 1024 bytes), unpadded;
+// with P_IN_REC the buffer rounded up to a multiple of 1024 bytes (the next one's K follows).
+__device__ __forceinline__ size_t rows_bytes() {
+    const size_t b = (size_t)(2 * C * DK + C * SVR) * 2 + C * 16;
+    return P_IN_REC ? (b + C * 20 + 1023) / 1024 * 1024 : b;
+}
 #else
 __device__ __forceinline__ size_t rows_bytes() { return (size_t)(2 * C * SK + C * SVR) * 2 + C * 16; }
 #endif
@@ -256,6 +279,8 @@ __device__ __forceinline__ Stage stage_at(unsigned char* base, int b) {
     s.Q = s.K + C * DK;
     s.Vr = s.Q + C * DK;
     s.sc = (float4*)(s.Vr + C * SVR);
+    s.sc2 = s.sc + C;
+    s.rp = (float*)(s.sc2 + C);
 #else
     s.sc = (float4*)rows;
     s.K = (u16*)(s.sc + C);
@@ -584,7 +609,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #pragma unroll
                 for (int pc = 0; pc < PIECES; ++pc) {
                     stage_lower_sw128<STAGERS, !TRI_SKIP>(smem_addr(st.X) + pc * 8192, a_inv + xrow + pc * C, xstride, len, tid);
-                    stage_lower_sw128<STAGERS, !TRI_SKIP>(smem_addr(st.Pm) + pc * 8192, pin + xrow + pc * C, xstride, len, tid);
+                    if (!P_IN_REC)
+                        stage_lower_sw128<STAGERS, !TRI_SKIP>(smem_addr(st.Pm) + pc * 8192, pin + xrow + pc * C, xstride, len, tid);
                 }
             }
             if (false) {
@@ -603,7 +629,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             }
             if (what & 1) {
                 stage_rows_by<u16, VT, STAGERS>(st.Vr, SVR, v + (start * hv + j) * DV + c0, hv * DV, len, tid);
+#if P_IN_REC
+                // Rows of eight scalings: the first four to sc, the others to sc2.
+                const float* s8 = (const float*)P.scal + (start * hv + j) * 8;
+                stage_rows_by<float, 4, STAGERS>((float*)st.sc, 4, s8, hv * 8, len, tid);
+                stage_rows_by<float, 4, STAGERS>((float*)st.sc2, 4, s8 + 4, hv * 8, len, tid);
+#else
                 stage_rows_by<float, 4, STAGERS>((float*)st.sc, 4, (const float*)(scal + start * hv + j), hv * 4, len, tid);
+#endif
             }
             cp_async_commit();
         };
@@ -664,6 +697,49 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             float4* hs_up = hs0 + (HBUF == 2 ? hb ^ 1 : 0) * HSTRIDE;
             const SmemRows Kr = smem_rows(st.K, SK), Qr = smem_rows(st.Q, SK);
             const SmemRows Xr = smem_rows(st.X, SPL), Pr = smem_rows(st.Pm, SPL);
+#if P_IN_REC
+            // P', this warpgroup's NPC columns of it, issued first (h_times_wg's wait for K H^T
+            // covers it); then scale rq of the rows, beside the tensor cores.
+            constexpr int NWG = THREADS / 128, NPC = C / NWG;
+            float pacc[NPC / 8][4];
+#pragma unroll
+            for (int a = 0; a < NPC / 8; ++a)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) pacc[a][e] = 0.0f;
+            {
+                const unsigned qx = smem_addr(st.Q), kx = smem_addr(st.K) + (warp >> 2) * NPC * 128;
+                wg_pin(pacc);
+                wg_fence();
+#pragma unroll
+                for (int kb = 0; kb < DK / 16; ++kb) wgmma_ss<NPC>(pacc, desc_xt(qx, kb), desc_xt(kx, kb));
+                wg_commit();
+            }
+            {
+                // |q_r|^2 over the staged (swizzled) row r, TPR threads a row.
+                constexpr int TPR = THREADS / C, CPT = DK / 8 / TPR;
+                static_assert(THREADS % C == 0 && (DK / 8) % TPR == 0, "whole rows");
+                const int r = threadIdx.x / TPR, part = threadIdx.x % TPR;
+                float sq = 0.0f;
+                if (P.l2norm) {
+                    const unsigned char* qb = (const unsigned char*)st.Q;
+#pragma unroll
+                    for (int u = 0; u < CPT; ++u) {
+                        const int c = part * CPT + u;
+                        const uint4 w = *(const uint4*)(qb + (c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+                        const unsigned wv[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                        for (int x = 0; x < 4; ++x) {
+                            const float lo_ = bf16_lo(wv[x]), hi_ = bf16_hi(wv[x]);
+                            sq = fmaf(lo_, lo_, sq);
+                            sq = fmaf(hi_, hi_, sq);
+                        }
+                    }
+#pragma unroll
+                    for (int o_ = TPR / 2; o_ > 0; o_ >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o_);
+                }
+                if (part == 0) st.rp[r] = P.l2norm ? P.scale * (1.0f / sqrtf(sq + 1e-6f)) : P.scale;
+            }
+#endif
             // The state entering the chunk, by the warp that reads h anyway (the output warp when
             // split: off the state warp's chain).
             if (hst && emit && (!SPLIT_OUT || !state_warp)) {
@@ -688,6 +764,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
             auto output_rest = [&](float (&qh)[NTT][4], const float (&vn)[NTT][4], int lv) {
 #if WG_TRI
                 times_planes_wg(qh, vn, smem_addr(st.Pm));
+#if P_IN_REC
+#pragma unroll
+                for (int nb = 0; nb < NTT; ++nb) {
+                    const float2 f = *(const float2*)(st.rp + 8 * nb + 2 * t);
+                    qh[nb][0] *= f.x;
+                    qh[nb][1] *= f.y;
+                    qh[nb][2] *= f.x;
+                    qh[nb][3] *= f.y;
+                }
+#endif
 #else
                 times_planes<!whole>(qh, vn, Pr, len);
 #endif
@@ -773,6 +859,39 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 // no warpgroup product may sit under a branch the compiler cannot prove uniform
                 // (it would serialize them all).
                 h_times_wg(kh_, qh, hs, smem_addr(st.K), smem_addr(st.Q));
+#if P_IN_REC
+                // P' into the planes the output's triangular product reads (every element of
+                // this warpgroup's columns: zeros above the diagonal and past the chunk's end).
+                // Accumulator element (i, e): row 16 (warp % 4) + g + 8 (e >> 1), column
+                // lb + 8 i + 2t + (e & 1); a pair of columns is one 4-byte word a plane.
+                {
+                    wg_pin(pacc);
+                    const int wq = warp & 3, lb = (warp >> 2) * NPC;
+                    const float4 rr[2] = {st.sc2[16 * wq + g], st.sc2[16 * wq + g + 8]};
+#pragma unroll
+                    for (int i = 0; i < NPC / 8; ++i) {
+                        const int l0 = lb + 8 * i + 2 * t;
+                        const float4 cl[2] = {st.sc2[l0], st.sc2[l0 + 1]};
+#pragma unroll
+                        for (int hh = 0; hh < 2; ++hh) {
+                            const int r = 16 * wq + g + 8 * hh;
+                            float x[2];
+#pragma unroll
+                            for (int u = 0; u < 2; ++u) {
+                                // D_rl: the exp of the difference, zero across a reset.
+                                const float e = expf((rr[hh].x - cl[u].x) + (rr[hh].y - cl[u].y));
+                                const float dec = rr[hh].z == cl[u].z ? e : 0.0f;
+                                x[u] = l0 + u <= r && r < len ? pacc[i][2 * hh + u] * cl[u].w * dec : 0.0f;
+                            }
+                            unsigned pw[3];
+                            split3(x[0], x[1], pw[0], pw[1], pw[2]);
+                            unsigned char* dst = (unsigned char*)st.Pm + r * 128 + (((l0 >> 3) ^ (r & 7)) << 4) + (l0 & 7) * 2;
+#pragma unroll
+                            for (int pc = 0; pc < PIECES; ++pc) *(unsigned*)(dst + pc * 8192) = pw[pc];
+                        }
+                    }
+                }
+#endif
 #else
                 if (emit) {
                     h_times2<!whole>(kh_, qh, hs, Kr, Qr, len);
@@ -880,6 +999,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #else
 #if WGMMA
             qh_wait(qh);
+#endif
+#if P_IN_REC
+            fence_proxy_async();  // P' is read by the tensor cores
+            __syncthreads();      // P' and scale rq of every row are in
 #endif
             if (emit) {
                 scale_qh(qh);

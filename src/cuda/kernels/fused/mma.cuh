@@ -461,9 +461,10 @@ __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.
 // Pins an accumulator's registers at this point of the program: before a batch of products (no
 // write to them sinks below its issue) and after its wait (no read of the results rises above
 // it), as the compiler does not know that the wait is what delivers them.
-__device__ __forceinline__ void wg_pin(float (&d)[8][4]) {
+template <int NT>
+__device__ __forceinline__ void wg_pin(float (&d)[NT][4]) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < NT; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
@@ -520,6 +521,29 @@ __device__ __forceinline__ void wgmma_tail(float (&d)[8][4], const unsigned (&a)
             : WG_D(0), WG_D(1), WG_D(2), WG_D(3), WG_D(4), WG_D(5), WG_D(6), WG_D(7)
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1), "n"(TB));
     }
+}
+// d += a b, a 64 x 16 and b 16 x N both read by the tensor cores through descriptors, both
+// K-major (rows of 16 bf16 along K in the 128-byte swizzle), f32 accumulate into all N / 8 tiles.
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], u64 da, u64 db) {
+    static_assert(N == 32 || N == 64, "n: 32 or 64");
+    constexpr int NW = N / 8;
+    if constexpr (N == 32) {
+        asm volatile(
+            "{\n.reg .pred s;\nsetp.ne.b32 s, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, s, 1, 1, 0, 0;\n}\n"
+            : WG_D(0), WG_D(1), WG_D(2), WG_D(3)
+            : "l"(da), "l"(db), "r"(1));
+    } else {
+        asm volatile(
+            "{\n.reg .pred s;\nsetp.ne.b32 s, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, s, 1, 1, 0, 0;\n}\n"
+            : WG_D(0), WG_D(1), WG_D(2), WG_D(3), WG_D(4), WG_D(5), WG_D(6), WG_D(7)
+            : "l"(da), "l"(db), "r"(1));
+    }
+    (void)NW;
 }
 #undef WG_D
 template <int TB>
