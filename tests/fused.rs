@@ -263,7 +263,7 @@ fn tunings() -> Vec<fused::Tuning> {
             segments: Some(2),
             ..Tuning::default()
         },
-        // p formed in the recurrent kernel (the fast precision's default): two warpgroups,
+        // p formed in the recurrent kernel (the exact precision's default): two warpgroups,
         // one (with the planes in one buffer), and in segments.
         Tuning {
             regs: Some(true),

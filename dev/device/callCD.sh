@@ -27,8 +27,9 @@ for P in fast exact; do
 done
 } 2>&1 | tee $R/ab.txt
 pack
+export DELTANET_FUSED_PINREC=1  # the checks with it on (opt-in until measured)
 run selftest_fast 120 ./deltanet selftest --device cuda --precision fast --vectors $TOP/.gpu/vectors
-run selftest_exact_pinrec 120 env DELTANET_FUSED_PINREC=1 ./deltanet selftest --device cuda --vectors $TOP/.gpu/vectors
+run selftest_exact_pinrec 120 ./deltanet selftest --device cuda --vectors $TOP/.gpu/vectors
 run fused_equals 150 env DELTANET_FUSED_CASES=2 ./fused_test fused_equals --nocapture
 pack
 checks_and_sanitizers

@@ -606,7 +606,7 @@ pub struct Tuning {
     /// the exact one, on an H100).
     pub intra_doubling_mma: Option<bool>,
     /// `p` formed in the recurrent kernel (`Config::p_in_rec`) where the warpgroup products run
-    /// (every recurrent launch of the forward on them); by default in the fast precision.
+    /// (every recurrent launch of the forward on them); by default in the exact precision.
     pub p_in_rec: Option<bool>,
 }
 
@@ -827,7 +827,11 @@ fn regs_config_for(
         cfg.row_skip = false;
         cfg.wg_tri = tuning.wg_tri.unwrap_or(true);
     }
-    cfg.p_in_rec = cfg.wg_tri && cfg.intra_diag && tuning.p_in_rec.unwrap_or(false);
+    // p formed in the recurrent kernel: measured on an H100 (NOTES-GPU.md, call CD), exact B=8
+    // T=8192 3.05 -> 2.96 ms and varlen 3.11 -> 3.08 (chunk_intra writes three planes of p
+    // less); fast 1.81 -> 1.91 (chunk_intra alone 0.77 -> 0.64, the recurrent kernel 1.04 ->
+    // 1.26: the P epilogue's instructions on each warp's chain), so the exact precision only.
+    cfg.p_in_rec = cfg.wg_tri && cfg.intra_diag && tuning.p_in_rec.unwrap_or(pieces == 3);
     let max = dev.max_shared_per_block();
     // Where two whole stage buffers do not fit beside the plain kernel's state (the exact
     // 128-column one), two of every row but the planes, one buffer of those (NOTES-GPU.md, call
