@@ -464,6 +464,8 @@ __device__ __forceinline__ void tri_step(float (&acc)[NTT][4], const APieces& ap
 #endif
     wgmma_tail<N, 0>(acc, ap.p[0], wg_desc(at));
 }
+// WAIT = false: the products issued only (the caller waits).
+template <bool WAIT = true>
 __device__ __forceinline__ void times_planes_wg(float (&acc)[NTT][4], const float (&a)[NTT][4], unsigned x) {
     APieces ap[C / 16];
 #pragma unroll
@@ -475,8 +477,10 @@ __device__ __forceinline__ void times_planes_wg(float (&acc)[NTT][4], const floa
     tri_step<2>(acc, ap[2], x);
     tri_step<3>(acc, ap[3], x);
     wg_commit();
-    wg_wait<0>();
-    wg_pin(acc);
+    if (WAIT) {
+        wg_wait<0>();
+        wg_pin(acc);
+    }
 }
 #endif
 // Q H^T where it was left running (QH_LATE).
@@ -753,6 +757,55 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                     hp[state_at(nd, 3)] = x.w;
                 }
             }
+#if P_IN_REC
+            // P' into the planes the output's triangular product reads (every element of this
+            // warpgroup's columns: zeros above the diagonal and past the chunk's end).
+            // Accumulator element (i, e): row 16 (warp % 4) + g + 8 (e >> 1), column
+            // lb + 8 i + 2t + (e & 1); a pair of columns is one 4-byte word a plane. With one
+            // bf16 piece it runs while the tensor cores form v_new (its registers fit beside
+            // that product's operands only then), the decay's exponent without lo (relative
+            // 2^-22 |gamma| against the piece's 2^-9) and the approximate exp.
+            auto p_epilogue = [&]() {
+                wg_pin(pacc);
+                const int wq = warp & 3, lb = (warp >> 2) * NPC;
+                const float4 rr[2] = {st.sc2[16 * wq + g], st.sc2[16 * wq + g + 8]};
+#pragma unroll
+                for (int i = 0; i < NPC / 8; ++i) {
+                    const int l0 = lb + 8 * i + 2 * t;
+                    // A tile wholly above the diagonal: zeros; wholly below it in a whole
+                    // chunk: no mask (both the same for the whole warp).
+                    const bool above = lb + 8 * i > 16 * wq + 15;
+                    const bool below = lb + 8 * i + 7 < 16 * wq && len == C;
+                    float4 cl[2];
+                    if (!above) {
+                        cl[0] = st.sc2[l0];
+                        cl[1] = st.sc2[l0 + 1];
+                    }
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int r = 16 * wq + g + 8 * hh;
+                        float x[2] = {0.0f, 0.0f};
+                        if (!above) {
+#pragma unroll
+                            for (int u = 0; u < 2; ++u) {
+                                // D_rl: the exp of the difference, zero across a reset.
+                                const float dg = PIECES == 1 ? rr[hh].x - cl[u].x
+                                                             : (rr[hh].x - cl[u].x) + (rr[hh].y - cl[u].y);
+                                const float e = PIECES == 1 ? __expf(dg) : expf(dg);
+                                const float dec = rr[hh].z == cl[u].z ? e : 0.0f;
+                                const float y = pacc[i][2 * hh + u] * cl[u].w * dec;
+                                x[u] = below || (l0 + u <= r && r < len) ? y : 0.0f;
+                            }
+                        }
+                        unsigned pw[3];
+                        split3(x[0], x[1], pw[0], pw[1], pw[2]);
+                        unsigned char* dst = (unsigned char*)st.Pm + r * 128 + (((l0 >> 3) ^ (r & 7)) << 4) + (l0 & 7) * 2;
+#pragma unroll
+                        for (int pc = 0; pc < PIECES; ++pc) *(unsigned*)(dst + pc * 8192) = pw[pc];
+                    }
+                }
+            };
+#endif
             // o^T = QH^T diag(scale rq d) + v_new^T p^T, p lower triangular as a_inv: the first
             // term needs only h, the second v_new.
             auto scale_qh = [&](float (&qh)[NTT][4]) {
@@ -860,48 +913,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 // (it would serialize them all).
                 h_times_wg(kh_, qh, hs, smem_addr(st.K), smem_addr(st.Q));
 #if P_IN_REC
-                // P' into the planes the output's triangular product reads (every element of
-                // this warpgroup's columns: zeros above the diagonal and past the chunk's end).
-                // Accumulator element (i, e): row 16 (warp % 4) + g + 8 (e >> 1), column
-                // lb + 8 i + 2t + (e & 1); a pair of columns is one 4-byte word a plane.
-                {
-                    wg_pin(pacc);
-                    const int wq = warp & 3, lb = (warp >> 2) * NPC;
-                    const float4 rr[2] = {st.sc2[16 * wq + g], st.sc2[16 * wq + g + 8]};
-#pragma unroll
-                    for (int i = 0; i < NPC / 8; ++i) {
-                        const int l0 = lb + 8 * i + 2 * t;
-                        // A tile wholly above the diagonal (the same for the whole warp): zeros.
-                        const bool above = lb + 8 * i > 16 * wq + 15;
-                        float4 cl[2];
-                        if (!above) {
-                            cl[0] = st.sc2[l0];
-                            cl[1] = st.sc2[l0 + 1];
-                        }
-#pragma unroll
-                        for (int hh = 0; hh < 2; ++hh) {
-                            const int r = 16 * wq + g + 8 * hh;
-                            float x[2] = {0.0f, 0.0f};
-                            if (!above) {
-#pragma unroll
-                                for (int u = 0; u < 2; ++u) {
-                                    // D_rl: the exp of the difference, zero across a reset;
-                                    // with one bf16 piece the approximate exp (relative 2^-21
-                                    // against the piece's 2^-9).
-                                    const float dg = (rr[hh].x - cl[u].x) + (rr[hh].y - cl[u].y);
-                                    const float e = PIECES == 1 ? __expf(dg) : expf(dg);
-                                    const float dec = rr[hh].z == cl[u].z ? e : 0.0f;
-                                    x[u] = l0 + u <= r && r < len ? pacc[i][2 * hh + u] * cl[u].w * dec : 0.0f;
-                                }
-                            }
-                            unsigned pw[3];
-                            split3(x[0], x[1], pw[0], pw[1], pw[2]);
-                            unsigned char* dst = (unsigned char*)st.Pm + r * 128 + (((l0 >> 3) ^ (r & 7)) << 4) + (l0 & 7) * 2;
-#pragma unroll
-                            for (int pc = 0; pc < PIECES; ++pc) *(unsigned*)(dst + pc * 8192) = pw[pc];
-                        }
-                    }
-                }
+                if (PIECES != 1) p_epilogue();
 #endif
 #else
                 if (emit) {
@@ -967,7 +979,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #pragma unroll
                     for (int e = 0; e < 4; ++e) vn[a][e] = 0.0f;
 #if WG_TRI
+#if P_IN_REC
+                if (PIECES == 1) {
+                    times_planes_wg<false>(vn, kh_, smem_addr(st.X));
+                    p_epilogue();
+                    wg_wait<0>();
+                    wg_pin(vn);
+                } else {
+                    times_planes_wg(vn, kh_, smem_addr(st.X));
+                }
+#else
                 times_planes_wg(vn, kh_, smem_addr(st.X));
+#endif
 #else
                 times_planes<!whole>(vn, kh_, Xr, len);
 #endif
