@@ -419,32 +419,18 @@ pub fn standard_configs() -> Vec<Config> {
         });
     }
     // chunk_intra with the row norms from the products' diagonals and the inverse by doubling
-    // (where it writes planes): both precisions as they run, and K = 64.
-    // The doubling's products on the tensor cores too.
-    for pieces in [1, 3] {
-        for intra_doubling_mma in [false, true] {
-            v.push(Config {
-                regs: true,
-                pieces,
-                late_planes: pieces == 3,
-                wgmma: true,
-                wg_tri: true,
-                out: DType::BF16,
-                intra_diag: true,
-                intra_doubling: true,
-                intra_doubling_mma,
-                ..config(128, 128, 128, DType::BF16, 2, false)
-            });
-        }
-    }
-    v.push(Config {
-        regs: true,
-        intra_diag: true,
-        intra_doubling: true,
-        ..config(64, 128, 64, DType::BF16, 2, false)
-    });
-    // p formed in the recurrent kernel: both precisions, two warpgroups (128 columns) and one.
-    for (pieces, vt) in [(1, 128), (3, 128), (1, 64)] {
+    // (where it writes planes): both precisions as they run, the doubling's products on FMAs and
+    // on the tensor cores, and p formed in the recurrent kernel (with two warpgroups, 128
+    // columns, and with one); then K = 64.
+    for (pieces, vt, intra_doubling_mma, p_in_rec) in [
+        (1, 128, false, false),
+        (1, 128, true, false),
+        (3, 128, false, false),
+        (3, 128, true, false),
+        (1, 128, true, true),
+        (3, 128, true, true),
+        (1, 64, true, true),
+    ] {
         v.push(Config {
             regs: true,
             pieces,
@@ -454,11 +440,17 @@ pub fn standard_configs() -> Vec<Config> {
             out: DType::BF16,
             intra_diag: true,
             intra_doubling: true,
-            intra_doubling_mma: true,
-            p_in_rec: true,
+            intra_doubling_mma,
+            p_in_rec,
             ..config(128, 128, vt, DType::BF16, 2, false)
         });
     }
+    v.push(Config {
+        regs: true,
+        intra_diag: true,
+        intra_doubling: true,
+        ..config(64, 128, 64, DType::BF16, 2, false)
+    });
     // o written in bf16 by both recurrent kernels.
     v.push(Config {
         out: DType::BF16,
