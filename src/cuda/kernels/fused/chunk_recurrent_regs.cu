@@ -772,10 +772,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #pragma unroll
                 for (int i = 0; i < NPC / 8; ++i) {
                     const int l0 = lb + 8 * i + 2 * t;
-                    // A tile wholly above the diagonal: zeros; wholly below it in a whole
-                    // chunk: no mask (both the same for the whole warp).
+                    // A tile wholly above the diagonal: zeros; with one piece, wholly below it
+                    // in a whole chunk: no mask (both the same for the whole warp).
                     const bool above = lb + 8 * i > 16 * wq + 15;
-                    const bool below = lb + 8 * i + 7 < 16 * wq && len == C;
+                    const bool below = PIECES == 1 && lb + 8 * i + 7 < 16 * wq && len == C;
                     float4 cl[2];
                     if (!above) {
                         cl[0] = st.sc2[l0];
