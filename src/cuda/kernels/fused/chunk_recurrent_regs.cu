@@ -788,7 +788,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                         if (!above) {
 #pragma unroll
                             for (int u = 0; u < 2; ++u) {
-                                // D_rl: the exp of the difference, zero across a reset.
+                                // D_rl: the exp of the difference, zero across a reset (as
+                                // decay(), but the exp taken unconditionally and selected, as in
+                                // chunk_intra's tiles: decay()'s conditional exp compiles to
+                                // branches around each element).
                                 const float dg = PIECES == 1 ? rr[hh].x - cl[u].x
                                                              : (rr[hh].x - cl[u].x) + (rr[hh].y - cl[u].y);
                                 const float e = PIECES == 1 ? __expf(dg) : expf(dg);
