@@ -41,6 +41,7 @@ def replace_asm(src):
         ("cp.async.commit_group", "emu_cp_commit();"),
         ("cp.async.wait_group", "emu_cp_wait(n);"),
         ("cvt.rn.bf16x2.f32", "r = emu_pack_bf16x2(hi, lo);"),
+        ("fma.rn.bf16x2", "r = emu_fma_bf16x2(w, 0u, acc);"),
         ("cvt.rn.f16x2.f32", "r = emu_pack_f16x2(hi, lo);"),
         ("cvt.f32.f16", "f = emu_f16_to_f32(x);"),
         ("cvt.rn.bf16.f32", "r = emu_f32_to_bf16(x);"),

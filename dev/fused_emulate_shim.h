@@ -193,6 +193,15 @@ static unsigned short emu_f32_to_bf16(float x) {
 static unsigned emu_pack_bf16x2(float hi, float lo) {
     return ((unsigned)emu_f32_to_bf16(hi) << 16) | emu_f32_to_bf16(lo);
 }
+// fma.rn.bf16x2: each half a * b + c, rounded once (the product of two bf16 is exact in f64).
+static unsigned emu_fma_bf16x2(unsigned a, unsigned b, unsigned c) {
+    unsigned r = 0;
+    for (int h = 0; h < 2; ++h) {
+        auto f = [&](unsigned x) { return (double)__uint_as_float(((x >> (16 * h)) & 0xffffu) << 16); };
+        r |= (unsigned)emu_f32_to_bf16((float)(f(a) * f(b) + f(c))) << (16 * h);
+    }
+    return r;
+}
 static unsigned short emu_f32_to_f16(float f);
 static unsigned emu_pack_f16x2(float hi, float lo) {
     return ((unsigned)emu_f32_to_f16(hi) << 16) | emu_f32_to_f16(lo);

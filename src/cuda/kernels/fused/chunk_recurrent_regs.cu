@@ -594,17 +594,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
         // Queues the rows of the chunk at `start` (len rows) into stage buffer b (rows past the
         // chunk's end are zero): its planes (what & 2) and its other rows (what & 1).
         // With SPLIT_OUT the output warps stage the rows: the copies stay off the state chain.
-        auto issue = [&](i64 start, int len, int b, int what) {
-            if (SPLIT_OUT && state_warp) return;
+        auto issue_rows = [&](auto whole, i64 start, int len, int b, int what) {
+            constexpr bool W = decltype(whole)::value;
             const int tid = threadIdx.x - (SPLIT_OUT ? KSPLIT * GROUPS * 32 : 0);
             const Stage st = stage_at(smem_raw, b);
             if (what & 1) {
 #if WGMMA
-                stage_rows_sw128<STAGERS>(smem_addr(st.K), k + (start * P.h + kh) * DK, P.h * DK, len, tid);
-                stage_rows_sw128<STAGERS>(smem_addr(st.Q), q + (start * P.h + kh) * DK, P.h * DK, len, tid);
+                stage_rows_sw128<STAGERS, W>(smem_addr(st.K), k + (start * P.h + kh) * DK, P.h * DK, len, tid);
+                stage_rows_sw128<STAGERS, W>(smem_addr(st.Q), q + (start * P.h + kh) * DK, P.h * DK, len, tid);
 #else
-                stage_rows_by<u16, DK, STAGERS>(st.K, SK, k + (start * P.h + kh) * DK, P.h * DK, len, tid);
-                stage_rows_by<u16, DK, STAGERS>(st.Q, SK, q + (start * P.h + kh) * DK, P.h * DK, len, tid);
+                stage_rows_by<u16, DK, STAGERS, false, W>(st.K, SK, k + (start * P.h + kh) * DK, P.h * DK, len, tid);
+                stage_rows_by<u16, DK, STAGERS, false, W>(st.Q, SK, q + (start * P.h + kh) * DK, P.h * DK, len, tid);
 #endif
             }
 #if WG_TRI
@@ -612,9 +612,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 const i64 xrow = (start * hv + j) * (PIECES * C), xstride = hv * PIECES * C;
 #pragma unroll
                 for (int pc = 0; pc < PIECES; ++pc) {
-                    stage_lower_sw128<STAGERS, !TRI_SKIP>(smem_addr(st.X) + pc * 8192, a_inv + xrow + pc * C, xstride, len, tid);
+                    stage_lower_sw128<STAGERS, !TRI_SKIP, W>(smem_addr(st.X) + pc * 8192, a_inv + xrow + pc * C, xstride, len, tid);
                     if (!P_IN_REC)
-                        stage_lower_sw128<STAGERS, !TRI_SKIP>(smem_addr(st.Pm) + pc * 8192, pin + xrow + pc * C, xstride, len, tid);
+                        stage_lower_sw128<STAGERS, !TRI_SKIP, W>(smem_addr(st.Pm) + pc * 8192, pin + xrow + pc * C, xstride, len, tid);
                 }
             }
             if (false) {
@@ -627,22 +627,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                 const i64 xrow = (start * hv + j) * (PIECES * C), xstride = hv * PIECES * C;
 #pragma unroll
                 for (int pc = 0; pc < PIECES; ++pc) {
-                    stage_rows_by<u16, C, STAGERS, true>(st.X + pc * C, SPL, a_inv + xrow + pc * C, xstride, len, tid);
-                    stage_rows_by<u16, C, STAGERS, true>(st.Pm + pc * C, SPL, pin + xrow + pc * C, xstride, len, tid);
+                    stage_rows_by<u16, C, STAGERS, true, W>(st.X + pc * C, SPL, a_inv + xrow + pc * C, xstride, len, tid);
+                    stage_rows_by<u16, C, STAGERS, true, W>(st.Pm + pc * C, SPL, pin + xrow + pc * C, xstride, len, tid);
                 }
             }
             if (what & 1) {
-                stage_rows_by<u16, VT, STAGERS>(st.Vr, SVR, v + (start * hv + j) * DV + c0, hv * DV, len, tid);
+                stage_rows_by<u16, VT, STAGERS, false, W>(st.Vr, SVR, v + (start * hv + j) * DV + c0, hv * DV, len, tid);
 #if P_IN_REC
                 // Rows of eight scalings: the first four to sc, the others to sc2.
                 const float* s8 = (const float*)P.scal + (start * hv + j) * 8;
-                stage_rows_by<float, 4, STAGERS>((float*)st.sc, 4, s8, hv * 8, len, tid);
-                stage_rows_by<float, 4, STAGERS>((float*)st.sc2, 4, s8 + 4, hv * 8, len, tid);
+                stage_rows_by<float, 4, STAGERS, false, W>((float*)st.sc, 4, s8, hv * 8, len, tid);
+                stage_rows_by<float, 4, STAGERS, false, W>((float*)st.sc2, 4, s8 + 4, hv * 8, len, tid);
 #else
-                stage_rows_by<float, 4, STAGERS>((float*)st.sc, 4, (const float*)(scal + start * hv + j), hv * 4, len, tid);
+                stage_rows_by<float, 4, STAGERS, false, W>((float*)st.sc, 4, (const float*)(scal + start * hv + j), hv * 4, len, tid);
 #endif
             }
             cp_async_commit();
+        };
+        // Whole chunks (all but a sequence's last) stage without row tests.
+        auto issue = [&](i64 start, int len, int b, int what) {
+            if (SPLIT_OUT && state_warp) return;
+            if (len == C) {
+                issue_rows(Flag<true>{}, start, len, b, what);
+            } else {
+                issue_rows(Flag<false>{}, start, len, b, what);
+            }
         };
         // hs[32 nd] = {h[8 nd + 2t + (e & 1)][c0 + cw + g + 8 (e >> 1)] : e < 4}: this lane's
         // accumulator fragment of tile nd of h^T (element e at offset state_at(nd, e) from the
@@ -927,15 +936,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
 #endif
                 // R^T in place of KH^T, v^T read in fragment order (two row tiles a transposing
                 // load); then lv. Rows past the chunk's end are staged as zeros, so the sums of
-                // v * 0 and d * 0 over the lane's elements are NaN only where some v or d is not
-                // finite (an infinite d, never marked, merely takes the exact search below).
-                float z0 = 0.0f, z1 = 0.0f;
+                // v * 0 (two halves an instruction, on the staged bf16 pairs) and d * 0 over the
+                // lane's elements are NaN only where some v or d is not finite (an infinite d,
+                // never marked, merely takes the exact search below).
+                float z1 = 0.0f;
+                unsigned zv = 0u;
                 {
                     const unsigned vb = smem_addr(st.Vr) + v_lane;
 #pragma unroll
                     for (int nb = 0; nb < NTT; nb += 2) {
                         unsigned vv[4];
                         ldsm_x4_t(vv, vb + 2u * (8 * nb) * SVR);
+#pragma unroll
+                        for (int x = 0; x < 4; ++x) zv = zero_fma_bf16x2(vv[x], zv);
 #pragma unroll
                         for (int x = 0; x < 2; ++x)
 #pragma unroll
@@ -944,16 +957,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(co
                                 const unsigned w = vv[2 * x + (e >> 1)];
                                 const float vr = __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
                                 const float4 s = st.sc[r];
-                                if (e & 1) {
-                                    z1 = fmaf(vr, 0.0f, z1);
-                                } else {
-                                    z0 = fmaf(vr, 0.0f, z0);
-                                }
                                 if (e < 2) z1 = fmaf(s.w, 0.0f, z1);
                                 kh_[nb + x][e] = fmaf(-s.x, kh_[nb + x][e], vr);
                             }
                     }
                 }
+                const float z0 = __uint_as_float(zv << 16) + __uint_as_float(zv & 0xffff0000u);
                 if (__any_sync(0xffffffffu, isnan(z0 + z1))) {
                     // The first row with a NaN d (chunk_intra's mark) or a non-finite v.
                     int bad = len;

@@ -153,6 +153,13 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                  "r"(valid ? 16 : 0)
                  : "memory");
 }
+// acc + 0 * w in each bf16 half: NaN in a half once some w's half was not finite (0 * inf and
+// 0 * NaN are NaN), else acc unchanged. Two elements' finiteness test in one instruction.
+__device__ __forceinline__ unsigned zero_fma_bf16x2(unsigned w, unsigned acc) {
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(0u), "r"(acc));
+    return r;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most `n` of this thread's committed groups are still in flight.
 template <int n>
@@ -188,7 +195,9 @@ __device__ __forceinline__ void stage_rows(T* dst, int dst_stride, const T* src,
 // (NT / pieces)-th row, so the loop unrolls into a pointer step, a compare and a copy per piece.
 // Why: the general loop (a division, a remainder and a 64-bit product per piece) was half of
 // chunk_recurrent_regs's instructions (Nsight Compute, NOTES-GPU.md).
-template <typename T, int cols, int NT, bool LOWER = false>
+// WHOLE: len is 64 (a whole chunk), so no row is tested: the copies take no predicate and no
+// fallback address (most of the staging's integer work a chunk).
+template <typename T, int cols, int NT, bool LOWER = false, bool WHOLE = false>
 __device__ __forceinline__ void stage_rows_by(T* dst, int dst_stride, const T* src, i64 src_stride,
                                               int len, int tid) {
     static_assert(!LOWER || cols == 64, "LOWER: a 64 x 64 matrix");
@@ -204,7 +213,7 @@ __device__ __forceinline__ void stage_rows_by(T* dst, int dst_stride, const T* s
         for (int it = 0; it < iters; ++it) {
             const int i = r0 + it * step;
             if ((64 % step == 0 || i < 64) && (!LOWER || (off >> 4) <= (i >> 4)))
-                cp_async16(d + it * step * dst_stride, i < len ? s : src, i < len);
+                cp_async16(d + it * step * dst_stride, WHOLE || i < len ? s : src, WHOLE || i < len);
             s += s_step;
         }
     } else {
@@ -557,7 +566,7 @@ __device__ __forceinline__ void cp_async16_to(unsigned s, const void* src, bool 
 // Copies the 16 x 16 blocks on and below the diagonal of a 64 x 64 bf16 matrix (row i at src + i
 // src_stride) into one swizzled atom at shared address `x` (rows >= len zero), by NT threads;
 // with ZERO_UPPER the blocks above are written as zeros (read from nowhere), else left as they are.
-template <int NT, bool ZERO_UPPER>
+template <int NT, bool ZERO_UPPER, bool WHOLE = false>
 __device__ __forceinline__ void stage_lower_sw128(unsigned x, const unsigned short* src, i64 src_stride, int len,
                                                   int tid) {
     static_assert(NT % 8 == 0, "whole rows");
@@ -571,13 +580,14 @@ __device__ __forceinline__ void stage_lower_sw128(unsigned x, const unsigned sho
         const int i = r0 + it * step;
         const bool lower = (c >> 1) <= (i >> 4);
         if ((64 % step == 0 || i < 64) && (ZERO_UPPER || lower))
-            cp_async16_to(x + i * 128 + ((c ^ (i & 7)) << 4), i < len && lower ? s : src, i < len && lower);
+            cp_async16_to(x + i * 128 + ((c ^ (i & 7)) << 4), (WHOLE || i < len) && lower ? s : src,
+                          (WHOLE || i < len) && lower);
         s += s_step;
     }
 }
 // Copies rows [0, 64) x DK bf16 of a row-major global matrix into the swizzled layout above at
 // shared address `x` (rows >= len zero), by NT threads (this one `tid`), as stage_rows_by.
-template <int NT>
+template <int NT, bool WHOLE = false>
 __device__ __forceinline__ void stage_rows_sw128(unsigned x, const unsigned short* src, i64 src_stride, int len,
                                                  int tid) {
     constexpr int per_row = DK / 8;
@@ -591,7 +601,8 @@ __device__ __forceinline__ void stage_rows_sw128(unsigned x, const unsigned shor
     for (int it = 0; it < iters; ++it) {
         const int i = r0 + it * step;
         if (64 % step == 0 || i < 64)
-            cp_async16_to(x + (c >> 3) * 8192 + i * 128 + (((c & 7) ^ (i & 7)) << 4), i < len ? s : src, i < len);
+            cp_async16_to(x + (c >> 3) * 8192 + i * 128 + (((c & 7) ^ (i & 7)) << 4), WHOLE || i < len ? s : src,
+                          WHOLE || i < len);
         s += s_step;
     }
 }

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The recurrent kernel's staging without row tests for whole chunks, and the non-finite test of v
+# on bf16 pairs: A/B of this build (`deltanet`) against the previous one (`deltanet_base`: the
+# binary of ac7b0ca, copied into .dev/all after dev/device/stage.sh), interleaved, both
+# precisions; the lighter fast P' epilogue (DELTANET_FUSED_PINREC=1, call CE's question) on this
+# build; then the checks of this build (selftest both precisions, fused_equals, the fast test,
+# non-finite rows, engine, racecheck and memcheck).
+# run(command="bash .dev/all/callCF.sh", carry=[".dev/all", ".gpu/vectors"])
+cd "$(dirname "$0")"
+TOP=$PWD/../..
+TAG=cf; R=$OUT/$TAG; mkdir -p $R
+. ./lib.sh
+nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
+# pbin BINARY LABEL ARGS...: pb with another binary.
+pbin() { local b=$1 tag=$2; shift 2; timeout 40 ./$b bench --device cuda --work prefill --dtype bf16 --warmup 2 "$@" 2>&1 | grep -E "^prefill" | sed "s/^/$tag /"; }
+{
+for b in deltanet_base deltanet deltanet_base deltanet; do
+  DELTANET_FUSED_ONLY=recurrent pbin $b "$b recurrent-only fast B=8" --precision fast --shape 8,8192,16,32,128,128 --repeats 20
+done
+for P in fast exact; do
+  for s in 8,8192,16,32,128,128 varlen 1,32768,16,32,128,128 1,2048,16,32,128,128; do
+    [ $P = exact ] && [ $s = 1,2048,16,32,128,128 ] && continue
+    if [ $s = varlen ]; then a="--shape 1,65536,16,32,128,128 --varlen 64"; else a="--shape $s"; fi
+    for b in deltanet_base deltanet deltanet_base deltanet; do
+      pbin $b "$b $P $s" --precision $P $a --repeats 20
+    done
+  done
+done
+for s in 8,8192,16,32,128,128 varlen; do
+  if [ $s = varlen ]; then a="--shape 1,65536,16,32,128,128 --varlen 64"; else a="--shape $s"; fi
+  for W in 0 1 0 1; do
+    DELTANET_FUSED_PINREC=$W pb "pinrec=$W fast $s" --precision fast $a --repeats 20
+  done
+done
+} 2>&1 | tee $R/ab.txt
+pack
+run selftest_exact 120 ./deltanet selftest --device cuda --vectors $TOP/.gpu/vectors
+run selftest_fast 120 ./deltanet selftest --device cuda --precision fast --vectors $TOP/.gpu/vectors
+run fused_equals 150 env DELTANET_FUSED_CASES=2 ./fused_test fused_equals --nocapture
+pack
+checks_and_sanitizers
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+run mem_fast_varlen 90 $CS --tool memcheck --error-exitcode 9 ./deltanet bench --device cuda --work prefill --dtype bf16 --warmup 0 --repeats 1 --precision fast --shape 1,1200,16,32,128,128 --varlen 9
+pack
