@@ -662,18 +662,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
 #endif
         // 6. a_inv diag(beta) and the row scalings, valid rows only (beta is 0 past len).
 #if PLANES
-        // Eight consecutive columns of one row per thread: one 16-byte store per plane. The
-        // 16 x 16 blocks above the diagonal are not written (see the header).
+        // Eight consecutive columns of one row per thread: one 16-byte store per plane, from
+        // 16-byte loads of the row and of beta (eight 4-byte ones each cost a wavefront or two).
+        // The 16 x 16 blocks above the diagonal are not written (see the header); above the
+        // diagonal inside a diagonal block the loaded values are not used.
         for (int e = tid; e < len * (C / 8); e += THREADS) {
             const int r = e / (C / 8), l0 = (e % (C / 8)) * 8;
             if ((l0 >> 4) > (r >> 4)) continue;
+            const float4 xa = *(const float4*)(Xs + r * SA_ + l0), xb = *(const float4*)(Xs + r * SA_ + l0 + 4);
+            const float4 ba = *(const float4*)(bet + l0), bb = *(const float4*)(bet + l0 + 4);
+            const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+            const float bv[8] = {ba.x, ba.y, ba.z, ba.w, bb.x, bb.y, bb.z, bb.w};
             unsigned pc[3][4];
 #pragma unroll
             for (int h = 0; h < 4; ++h) {
                 const int l = l0 + 2 * h;
-                // A_inv is lower triangular; the blocks above the diagonal are never written.
-                const float x0 = r < lenf && l <= r ? Xs[r * SA_ + l] * bet[l] : 0.0f;
-                const float x1 = r < lenf && l + 1 <= r ? Xs[r * SA_ + l + 1] * bet[l + 1] : 0.0f;
+                const float x0 = r < lenf && l <= r ? xv[2 * h] * bv[2 * h] : 0.0f;
+                const float x1 = r < lenf && l + 1 <= r ? xv[2 * h + 1] * bv[2 * h + 1] : 0.0f;
                 split3(x0, x1, pc[0][h], pc[1][h], pc[2][h]);
             }
             uint4* dst = (uint4*)((unsigned short*)P.a_inv + ((start + r) * hv + j) * (PIECES * C) + l0);

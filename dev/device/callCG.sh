@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# chunk_intra's a_inv rows from 16-byte loads of A_inv's row and of beta (four LDS.128 where
+# sixteen 4-byte loads were): A/B of this build (`deltanet`) against the previous one
+# (`deltanet_base`: the binary of 2579a36, copied into .dev/all after dev/device/stage.sh),
+# interleaved (chunk_intra alone and the forward, fast and exact, B=8), the fast checks of this
+# build, then Nsight Compute on this build's fast chunk_intra (B=8 T=4096; stall samples and
+# shared-memory wavefronts by instruction, for `dev/ncu_phases.py`).
+# run(command="bash .dev/all/callCG.sh", carry=[".dev/all", ".gpu/vectors"])
+cd "$(dirname "$0")"
+TOP=$PWD/../..
+TAG=cg; R=$OUT/$TAG; mkdir -p $R
+. ./lib.sh
+nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
+pbin() { local b=$1 tag=$2; shift 2; timeout 40 ./$b bench --device cuda --work prefill --dtype bf16 --warmup 2 "$@" 2>&1 | grep -E "^prefill" | sed "s/^/$tag /"; }
+{
+for P in fast exact; do
+  for b in deltanet_base deltanet deltanet_base deltanet; do
+    DELTANET_FUSED_ONLY=intra pbin $b "$b intra-only $P B=8" --precision $P --shape 8,8192,16,32,128,128 --repeats 20
+  done
+  for b in deltanet_base deltanet deltanet_base deltanet; do
+    pbin $b "$b $P B=8" --precision $P --shape 8,8192,16,32,128,128 --repeats 20
+  done
+done
+} 2>&1 | tee $R/ab.txt
+pack
+run selftest_fast 120 ./deltanet selftest --device cuda --precision fast --vectors $TOP/.gpu/vectors
+run fast 90 env DELTANET_FUSED_CASES=12 ./fused_test fused_fast_precision --nocapture
+run non_finite 60 env DELTANET_FUSED_CASES=3 ./fused_test fused_keeps_non_finite --nocapture
+pack
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+k=chunk_intra
+timeout 150 "$NCU" --clock-control none --section WarpStateStats --section SourceCounters --section SchedulerStats --section Occupancy --section SpeedOfLight --section MemoryWorkloadAnalysis --kernel-name regex:"^$k\$" --launch-skip 2 --launch-count 1 -f -o $R/$k ./deltanet bench --device cuda --work prefill --dtype bf16 --precision fast --shape 8,4096,16,32,128,128 --warmup 2 --repeats 1 > $R/${k}_run.txt 2>&1
+"$NCU" -i $R/$k.ncu-rep --page details > $R/${k}_details.txt 2>&1
+"$NCU" -i $R/$k.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > $R/${k}_sass.csv.gz
+rm -f $R/$k.ncu-rep
+grep -E "Duration|Issued Ipc|Warp Cycles Per Issued|No Eligible|Achieved Occ|Memory Throughput|DRAM Throughput|L1/TEX|Shared|Bank" $R/${k}_details.txt | head -20
+pack
