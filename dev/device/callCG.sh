@@ -3,8 +3,8 @@
 # sixteen 4-byte loads were) and, in the fast precision, its decays by the hardware exp2: A/B of
 # this build (`deltanet`) against the previous one
 # (`deltanet_base`: the binary of 2579a36, copied into .dev/all after dev/device/stage.sh),
-# interleaved (chunk_intra alone and the forward, fast and exact, B=8), the fast checks of this
-# build, then Nsight Compute on this build's fast chunk_intra (B=8 T=4096; stall samples and
+# interleaved (chunk_intra alone and the forward, fast and exact, B=8), the checks of this build
+# (selftest both precisions, fused_equals, the fast test, non-finite rows, engine, sanitizers), then Nsight Compute on this build's fast chunk_intra (B=8 T=4096; stall samples and
 # shared-memory wavefronts by instruction, for `dev/ncu_phases.py`).
 # run(command="bash .dev/all/callCG.sh", carry=[".dev/all", ".gpu/vectors"])
 cd "$(dirname "$0")"
@@ -24,9 +24,11 @@ for P in fast exact; do
 done
 } 2>&1 | tee $R/ab.txt
 pack
+run selftest_exact 120 ./deltanet selftest --device cuda --vectors $TOP/.gpu/vectors
 run selftest_fast 120 ./deltanet selftest --device cuda --precision fast --vectors $TOP/.gpu/vectors
-run fast 90 env DELTANET_FUSED_CASES=12 ./fused_test fused_fast_precision --nocapture
-run non_finite 60 env DELTANET_FUSED_CASES=3 ./fused_test fused_keeps_non_finite --nocapture
+run fused_equals 150 env DELTANET_FUSED_CASES=2 ./fused_test fused_equals --nocapture
+pack
+checks_and_sanitizers
 pack
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 k=chunk_intra
