@@ -11,8 +11,6 @@ TOP=$PWD/../..
 TAG=cf; R=$OUT/$TAG; mkdir -p $R
 . ./lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
-# pbin BINARY LABEL ARGS...: pb with another binary.
-pbin() { local b=$1 tag=$2; shift 2; timeout 40 ./$b bench --device cuda --work prefill --dtype bf16 --warmup 2 "$@" 2>&1 | grep -E "^prefill" | sed "s/^/$tag /"; }
 {
 for b in deltanet_base deltanet deltanet_base deltanet; do
   DELTANET_FUSED_ONLY=recurrent pbin $b "$b recurrent-only fast B=8" --precision fast --shape 8,8192,16,32,128,128 --repeats 20

@@ -12,7 +12,6 @@ TOP=$PWD/../..
 TAG=cg; R=$OUT/$TAG; mkdir -p $R
 . ./lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
-pbin() { local b=$1 tag=$2; shift 2; timeout 40 ./$b bench --device cuda --work prefill --dtype bf16 --warmup 2 "$@" 2>&1 | grep -E "^prefill" | sed "s/^/$tag /"; }
 {
 for P in fast exact; do
   for b in deltanet_base deltanet deltanet_base deltanet; do

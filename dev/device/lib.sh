@@ -11,7 +11,9 @@ run() {
   grep -E "median|test result|passed|failed|ERROR SUMMARY|RACECHECK SUMMARY|^rc=|worst|panicked|poisoned" "$R/$name.txt" | tail -4
 }
 # pb LABEL ARGS...: one prefill bench line, labelled.
-pb() { local tag=$1; shift; timeout 40 ./deltanet bench --device cuda --work prefill --dtype bf16 --warmup 2 "$@" 2>&1 | grep -E "^prefill" | sed "s/^/$tag /"; }
+pb() { pbin deltanet "$@"; }
+# pbin BINARY LABEL ARGS...: pb with another binary of .dev/all (an A/B's `deltanet_base`).
+pbin() { local b=$1 tag=$2; shift 2; timeout 40 ./$b bench --device cuda --work prefill --dtype bf16 --warmup 2 "$@" 2>&1 | grep -E "^prefill" | sed "s/^/$tag /"; }
 # db ARGS...: the decode bench's lines (single launches, back to back, the device copy).
 db() { timeout 25 ./deltanet bench --device cuda --work decode --dtype bf16 --warmup 30 --repeats 1000 "$@" 2>&1 | grep -E "^decode|^d2d"; }
 # The issues' four fixed prefill shapes (B,T,H,HV,K,V), as anchors.py's --shapes takes them; the
