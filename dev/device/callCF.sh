@@ -12,22 +12,16 @@ TAG=cf; R=$OUT/$TAG; mkdir -p $R
 . ./lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
 {
-for b in deltanet_base deltanet deltanet_base deltanet; do
-  DELTANET_FUSED_ONLY=recurrent pbin $b "$b recurrent-only fast B=8" --precision fast --shape 8,8192,16,32,128,128 --repeats 20
-done
+DELTANET_FUSED_ONLY=recurrent ab_bins "recurrent-only fast B=8" --precision fast --shape 8,8192,16,32,128,128 --repeats 20
 for P in fast exact; do
   for s in 8,8192,16,32,128,128 varlen 1,32768,16,32,128,128 1,2048,16,32,128,128; do
     [ $P = exact ] && [ $s = 1,2048,16,32,128,128 ] && continue
-    if [ $s = varlen ]; then a="--shape 1,65536,16,32,128,128 --varlen 64"; else a="--shape $s"; fi
-    for b in deltanet_base deltanet deltanet_base deltanet; do
-      pbin $b "$b $P $s" --precision $P $a --repeats 20
-    done
+    ab_bins "$P $s" --precision $P $(shape_args $s) --repeats 20
   done
 done
 for s in 8,8192,16,32,128,128 varlen; do
-  if [ $s = varlen ]; then a="--shape 1,65536,16,32,128,128 --varlen 64"; else a="--shape $s"; fi
   for W in 0 1 0 1; do
-    DELTANET_FUSED_PINREC=$W pb "pinrec=$W fast $s" --precision fast $a --repeats 20
+    DELTANET_FUSED_PINREC=$W pb "pinrec=$W fast $s" --precision fast $(shape_args $s) --repeats 20
   done
 done
 } 2>&1 | tee $R/ab.txt

@@ -14,12 +14,8 @@ TAG=cg; R=$OUT/$TAG; mkdir -p $R
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
 {
 for P in fast exact; do
-  for b in deltanet_base deltanet deltanet_base deltanet; do
-    DELTANET_FUSED_ONLY=intra pbin $b "$b intra-only $P B=8" --precision $P --shape 8,8192,16,32,128,128 --repeats 20
-  done
-  for b in deltanet_base deltanet deltanet_base deltanet; do
-    pbin $b "$b $P B=8" --precision $P --shape 8,8192,16,32,128,128 --repeats 20
-  done
+  DELTANET_FUSED_ONLY=intra ab_bins "intra-only $P B=8" --precision $P --shape 8,8192,16,32,128,128 --repeats 20
+  ab_bins "$P B=8" --precision $P --shape 8,8192,16,32,128,128 --repeats 20
 done
 } 2>&1 | tee $R/ab.txt
 pack
