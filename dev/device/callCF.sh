@@ -26,11 +26,7 @@ for s in 8,8192,16,32,128,128 varlen; do
 done
 } 2>&1 | tee $R/ab.txt
 pack
-run selftest_exact 120 ./deltanet selftest --device cuda --vectors $TOP/.gpu/vectors
-run selftest_fast 120 ./deltanet selftest --device cuda --precision fast --vectors $TOP/.gpu/vectors
-run fused_equals 150 env DELTANET_FUSED_CASES=2 ./fused_test fused_equals --nocapture
-pack
-checks_and_sanitizers
+build_checks
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 run mem_fast_varlen 90 $CS --tool memcheck --error-exitcode 9 ./deltanet bench --device cuda --work prefill --dtype bf16 --warmup 0 --repeats 1 --precision fast --shape 1,1200,16,32,128,128 --varlen 9
 pack

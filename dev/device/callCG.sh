@@ -19,11 +19,7 @@ for P in fast exact; do
 done
 } 2>&1 | tee $R/ab.txt
 pack
-run selftest_exact 120 ./deltanet selftest --device cuda --vectors $TOP/.gpu/vectors
-run selftest_fast 120 ./deltanet selftest --device cuda --precision fast --vectors $TOP/.gpu/vectors
-run fused_equals 150 env DELTANET_FUSED_CASES=2 ./fused_test fused_equals --nocapture
-pack
-checks_and_sanitizers
+build_checks
 pack
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 k=chunk_intra

@@ -48,6 +48,15 @@ checks_and_sanitizers() {
   done
   run mem_varlen 90 $cs --tool memcheck --error-exitcode 9 ./deltanet bench $sh --precision exact --shape 1,1200,16,32,128,128 --varlen 9
 }
+# build_checks: every check of a build on the GPU (selftest on $TOP/.gpu/vectors in both
+# precisions, fused_equals, then checks_and_sanitizers), packing between.
+build_checks() {
+  run selftest_exact 120 ./deltanet selftest --device cuda --vectors $TOP/.gpu/vectors
+  run selftest_fast 120 ./deltanet selftest --device cuda --precision fast --vectors $TOP/.gpu/vectors
+  run fused_equals 150 env DELTANET_FUSED_CASES=2 ./fused_test fused_equals --nocapture
+  pack
+  checks_and_sanitizers
+}
 # per_token T...: B=1 prefill at each T in both precisions (5 repeats), JSON per run in $R.
 per_token() {
   local p t
