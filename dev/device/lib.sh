@@ -66,3 +66,30 @@ per_token() {
     done
   done 2>&1 | tee $R/per_token.txt
 }
+# ncu_fast KERNEL: Nsight Compute on one launch of KERNEL in the fast forward at B=8 T=4096 (the
+# details page, and stall samples and shared-memory wavefronts by SASS instruction for
+# `dev/ncu_phases.py`), in $R; the headline lines shown.
+ncu_fast() {
+  local k=$1 ncu
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout 150 "$ncu" --clock-control none --section WarpStateStats --section SourceCounters --section SchedulerStats --section Occupancy --section SpeedOfLight --section MemoryWorkloadAnalysis --kernel-name regex:"^$k\$" --launch-skip 2 --launch-count 1 -f -o $R/$k ./deltanet bench --device cuda --work prefill --dtype bf16 --precision fast --shape 8,4096,16,32,128,128 --warmup 2 --repeats 1 > $R/${k}_run.txt 2>&1
+  "$ncu" -i $R/$k.ncu-rep --page details > $R/${k}_details.txt 2>&1
+  "$ncu" -i $R/$k.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > $R/${k}_sass.csv.gz
+  rm -f $R/$k.ncu-rep
+  grep -E "Duration|Issued Ipc|Warp Cycles Per Issued|No Eligible|Achieved Occ|Memory Throughput|DRAM Throughput|L1/TEX|Shared|Bank" $R/${k}_details.txt | head -20
+}
+# intra_ab_checks_ncu AB: an A/B function (ab_bins or a script's own) over chunk_intra alone and the
+# forward, fast and exact, B=8 T=8192, into $R/ab.txt; then build_checks and ncu_fast of
+# chunk_intra, packing between.
+intra_ab_checks_ncu() {
+  local ab=$1 P
+  for P in fast exact; do
+    DELTANET_FUSED_ONLY=intra $ab "intra-only $P B=8" --precision $P --shape 8,8192,16,32,128,128 --repeats 20
+    $ab "$P B=8" --precision $P --shape 8,8192,16,32,128,128 --repeats 20
+  done 2>&1 | tee $R/ab.txt
+  pack
+  build_checks
+  pack
+  ncu_fast chunk_intra
+  pack
+}
