@@ -16,5 +16,5 @@ TOP=$PWD/../..
 TAG=ch; R=$OUT/$TAG; mkdir -p $R
 . ./lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
-ab4() { local tag=$1 b r; shift; for r in 1 2; do for b in deltanet_base deltanet_pf deltanet_bal deltanet; do [ -x ./$b ] && pbin $b "$b $tag" "$@"; done; done; }
+ab4() { ab_over "deltanet_base deltanet_pf deltanet_bal deltanet" "$@"; }
 intra_ab_checks_ncu ab4

@@ -14,9 +14,11 @@ run() {
 pb() { pbin deltanet "$@"; }
 # pbin BINARY LABEL ARGS...: pb with another binary of .dev/all (an A/B's `deltanet_base`).
 pbin() { local b=$1 tag=$2; shift 2; timeout 40 ./$b bench --device cuda --work prefill --dtype bf16 --warmup 2 "$@" 2>&1 | grep -E "^prefill" | sed "s/^/$tag /"; }
-# ab_bins LABEL ARGS...: pbin of deltanet_base and deltanet, interleaved, two rounds (an A/B of
-# two builds; env settings before the call apply to both).
-ab_bins() { local tag=$1 b; shift; for b in deltanet_base deltanet deltanet_base deltanet; do pbin $b "$b $tag" "$@"; done; }
+# ab_over "BINARIES" LABEL ARGS...: pbin of each binary of .dev/all present, interleaved, two
+# rounds (env settings before the call apply to all).
+ab_over() { local bins=$1 tag=$2 b r; shift 2; for r in 1 2; do for b in $bins; do [ -x ./$b ] && pbin $b "$b $tag" "$@"; done; done; }
+# ab_bins LABEL ARGS...: an A/B of two builds, deltanet_base and deltanet.
+ab_bins() { ab_over "deltanet_base deltanet" "$@"; }
 # shape_args SHAPE: bench's shape arguments; `varlen` is the issues' 64 sequences in 65536 tokens.
 shape_args() { if [ "$1" = varlen ]; then echo "--shape 1,65536,16,32,128,128 --varlen 64"; else echo "--shape $1"; fi; }
 # db ARGS...: the decode bench's lines (single launches, back to back, the device copy).
