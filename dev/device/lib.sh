@@ -10,8 +10,8 @@ run() {
   echo "rc=$?" >> "$R/$name.txt"
   grep -E "median|test result|passed|failed|ERROR SUMMARY|RACECHECK SUMMARY|^rc=|worst|panicked|poisoned" "$R/$name.txt" | tail -4
 }
-# pb LABEL ARGS...: one prefill bench line, labelled.
-pb() { pbin deltanet "$@"; }
+# pb LABEL ARGS...: one prefill bench line, labelled, of $BIN (default deltanet).
+pb() { pbin "${BIN:-deltanet}" "$@"; }
 # pbin BINARY LABEL ARGS...: pb with another binary of .dev/all (an A/B's `deltanet_base`).
 pbin() { local b=$1 tag=$2; shift 2; timeout 40 ./$b bench --device cuda --work prefill --dtype bf16 --warmup 2 "$@" 2>&1 | grep -E "^prefill" | sed "s/^/$tag /"; }
 # ab_over "BINARIES" LABEL ARGS...: pbin of each binary of .dev/all present, interleaved, two
@@ -59,12 +59,13 @@ build_checks() {
   pack
   checks_and_sanitizers
 }
-# per_token T...: B=1 prefill at each T in both precisions (5 repeats), JSON per run in $R.
+# per_token T...: B=1 prefill of $BIN (default deltanet) at each T in both precisions (5
+# repeats), JSON per run in $R.
 per_token() {
   local p t
   for p in exact fast; do
     for t in "$@"; do
-      timeout 90 ./deltanet bench --device cuda --work prefill --dtype bf16 --warmup 1 --precision $p --shape 1,$t,16,32,128,128 --repeats 5 --json $R/tok_${p}_$t.json 2>&1 | grep -E "^prefill" | sed "s/^/$p T=$t /"
+      timeout 90 ./"${BIN:-deltanet}" bench --device cuda --work prefill --dtype bf16 --warmup 1 --precision $p --shape 1,$t,16,32,128,128 --repeats 5 --json $R/tok_${p}_$t.json 2>&1 | grep -E "^prefill" | sed "s/^/$p T=$t /"
     done
   done 2>&1 | tee $R/per_token.txt
 }
