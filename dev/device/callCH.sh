@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # chunk_intra, three builds against the landed one (`deltanet_base`): `deltanet_pf`, the next
-# item's bounds, g and beta prefetched (dev/device/pending/chunk_intra_prefetch_offline.patch);
+# item's bounds, g and beta prefetched (dev/device/pending/chunk_intra_prefetch_measured.patch);
 # `deltanet_bal`, the products' tiles balanced over the warps (three at most a warp, where four
-# warps had four and two none); `deltanet`, dev/device/pending/chunk_intra_balance_offline.patch:
+# warps had four and two none); `deltanet`, dev/device/pending/chunk_intra_balance_measured.patch:
 # both, with the diagonal substitution done by the warp that formed each diagonal block, beside
 # the other warps' epilogues, and the doubling's inner barriers a warp's (level 1) and a pair
 # of warps' (level 2): 6 block barriers an item, not 9. Staging: the landed build's deltanet
