@@ -2,15 +2,27 @@
 # The fast precision's doubling on one TF32 pass (DSPLIT = 2: A_inv is rounded to one bf16 piece
 # after it) against the landed build (`deltanet_base`): chunk_intra alone and the forward, fast,
 # B=8 T=8192, interleaved; the fast checks of the new build (selftest --precision fast against
-# FLA's error per file, the fast test on random problems; the exact modules are unchanged). On an H200 first
-# callCI.sh's work (issue 8's bar with the landed build, beside FLA).
+# FLA's error per file, the fast test on random problems; the exact modules are unchanged). On an H200 also
+# callCI.sh's work (issue 8's bar with the landed build, beside FLA; its time per token last).
 # Staging: main's build copied to .dev/all/deltanet_base, then dev/device/stage.sh with the change.
 # run(command="bash .dev/all/callCK.sh", carry=[".dev/all", ".gpu/fla", ".gpu/anchors.py", ".gpu/vectors"])
 cd "$(dirname "$0")"
 TOP=$PWD/../..
-if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then bash ./callCI.sh; fi
-TAG=ck; R=$OUT/$TAG; mkdir -p $R
 . ./lib.sh
+H200=0; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && H200=1
+if [ $H200 = 1 ]; then
+  # callCI.sh's work, its time per token moved to the end (the A/B and checks before it).
+  TAG=ci; R=$OUT/$TAG; mkdir -p $R
+  BIN=deltanet_base; echo "binary: $BIN" | tee $R/binary.txt
+  nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
+  issue_shapes 2>&1 | tee $R/shapes.txt
+  pack
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site $TOP/.gpu/fla/*.whl > $R/pip.txt 2>&1
+  PYTHONPATH=/tmp/site timeout 150 python3 $TOP/.gpu/anchors.py --impl fla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/fla_shapes.json 2>&1 | tail -6 | tee $R/fla.txt
+  pack
+  unset BIN
+fi
+TAG=ck; R=$OUT/$TAG; mkdir -p $R
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
 for P in fast; do
   DELTANET_FUSED_ONLY=intra ab_bins "intra-only $P B=8" --precision $P --shape 8,8192,16,32,128,128 --repeats 20
@@ -21,3 +33,8 @@ pack
 run selftest_fast 120 ./deltanet selftest --device cuda --precision fast --vectors $TOP/.gpu/vectors
 run fast 90 env DELTANET_FUSED_CASES=12 ./fused_test fused_fast_precision --nocapture
 pack
+if [ $H200 = 1 ]; then
+  TAG=ci; R=$OUT/$TAG
+  BIN=deltanet_base per_token 16384 131072 262144 524288
+  pack
+fi
