@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Issue 8's bar on an H200 with the least device time: the five issue shapes in both precisions
 # beside FLA in the same call (FlashQLA left out: its wheels need a call of their own, callBR1.sh),
-# then time per token at T=524288 (both precisions).
+# then time per token at T=524288 (both precisions). Env: BIN (the binary, default deltanet), TAG,
+# PER_TOKEN (the T of the per-token table).
 # run(command="bash .dev/all/callCC.sh", carry=[".dev/all", ".gpu/fla", ".gpu/anchors.py"], needs_h200=true)
 cd "$(dirname "$0")"
 TOP=$PWD/../..
-TAG=cc; R=$OUT/$TAG; mkdir -p $R
+TAG=${TAG:-cc}; R=$OUT/$TAG; mkdir -p $R
 . ./lib.sh
+echo "binary: ${BIN:-deltanet}" | tee $R/binary.txt
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
 issue_shapes 2>&1 | tee $R/shapes.txt
 pack
@@ -14,5 +16,5 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site $TOP/.gpu/fla/
 export PYTHONPATH=/tmp/site
 timeout 150 python3 $TOP/.gpu/anchors.py --impl fla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/fla_shapes.json 2>&1 | tail -6 | tee $R/fla.txt
 pack
-per_token 524288
+per_token ${PER_TOKEN:-524288}
 pack
