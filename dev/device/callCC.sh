@@ -10,11 +10,6 @@ TAG=${TAG:-cc}; R=$OUT/$TAG; mkdir -p $R
 . ./lib.sh
 echo "binary: ${BIN:-deltanet}" | tee $R/binary.txt
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
-issue_shapes 2>&1 | tee $R/shapes.txt
-pack
-python3 -m pip install -q --no-index --no-deps --target /tmp/site $TOP/.gpu/fla/*.whl > $R/pip.txt 2>&1
-export PYTHONPATH=/tmp/site
-timeout 150 python3 $TOP/.gpu/anchors.py --impl fla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/fla_shapes.json 2>&1 | tail -6 | tee $R/fla.txt
-pack
+shapes_beside_fla
 per_token ${PER_TOKEN:-524288}
 pack

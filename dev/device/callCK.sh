@@ -15,20 +15,16 @@ if [ $H200 = 1 ]; then
   TAG=ci; R=$OUT/$TAG; mkdir -p $R
   BIN=deltanet_base; echo "binary: $BIN" | tee $R/binary.txt
   nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
-  issue_shapes 2>&1 | tee $R/shapes.txt
-  pack
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site $TOP/.gpu/fla/*.whl > $R/pip.txt 2>&1
-  PYTHONPATH=/tmp/site timeout 150 python3 $TOP/.gpu/anchors.py --impl fla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/fla_shapes.json 2>&1 | tail -6 | tee $R/fla.txt
-  pack
+  shapes_beside_fla
   unset BIN
 fi
 TAG=ck; R=$OUT/$TAG; mkdir -p $R
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
-for P in fast; do
-  DELTANET_FUSED_ONLY=intra ab_bins "intra-only $P B=8" --precision $P --shape 8,8192,16,32,128,128 --repeats 20
-  ab_bins "$P B=8" --precision $P --shape 8,8192,16,32,128,128 --repeats 20
-  ab_bins "$P varlen" --precision $P --shape 1,65536,16,32,128,128 --varlen 64 --repeats 20
-done 2>&1 | tee $R/ab.txt
+{
+  DELTANET_FUSED_ONLY=intra ab_bins "intra-only fast B=8" --precision fast --shape 8,8192,16,32,128,128 --repeats 20
+  ab_bins "fast B=8" --precision fast --shape 8,8192,16,32,128,128 --repeats 20
+  ab_bins "fast varlen" --precision fast --shape 1,65536,16,32,128,128 --varlen 64 --repeats 20
+} 2>&1 | tee $R/ab.txt
 pack
 run selftest_fast 120 ./deltanet selftest --device cuda --precision fast --vectors $TOP/.gpu/vectors
 run fast 90 env DELTANET_FUSED_CASES=12 ./fused_test fused_fast_precision --nocapture

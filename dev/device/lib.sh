@@ -59,6 +59,15 @@ build_checks() {
   pack
   checks_and_sanitizers
 }
+# shapes_beside_fla: issue_shapes of $BIN, then FLA (anchors.py) on the same shapes, JSON in $R,
+# packing after each (issue 8's bar; .gpu/fla and .gpu/anchors.py carried).
+shapes_beside_fla() {
+  issue_shapes 2>&1 | tee $R/shapes.txt
+  pack
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site $TOP/.gpu/fla/*.whl > $R/pip.txt 2>&1
+  PYTHONPATH=/tmp/site timeout 150 python3 $TOP/.gpu/anchors.py --impl fla --shapes "$ISSUE_SHAPES" --varlen "64,65536,16,32,128,128" --json $R/fla_shapes.json 2>&1 | tail -6 | tee $R/fla.txt
+  pack
+}
 # per_token T...: B=1 prefill of $BIN (default deltanet) at each T in both precisions (5
 # repeats), JSON per run in $R.
 per_token() {
