@@ -217,12 +217,12 @@ struct Sums([f32; SUMS_MAX]);
 
 /// [`token_step`] with whole rows: the first pass walks the state row by row, four rows at a
 /// time, each column's sums in memory (in the cache) rather than registers, and the second
-/// pass row by row again, fetching row `r` of the state stepped next (`ahead(r)`) towards the
-/// cache as it goes. Each column's sums take the rows in order, one multiply-add each, so the
-/// bits are those of the column blocks ([`token_step_plain`]); the memory is walked in order,
-/// which the hardware prefetchers follow (column blocks narrower than a row, where the sums
-/// fit the sixteen AVX2 registers, leave them strided; NOTES-CPU.md), and the next state
-/// arrives during the second pass, which otherwise reads only the cache.
+/// pass row by row again; the state stepped next (row `r` at `ahead(r)`) is fetched towards the
+/// cache over both passes, its first half during the first, as [`update`] says why. Each
+/// column's sums take the rows in order, one multiply-add each, so the bits are those of the
+/// column blocks ([`token_step_plain`]); the memory is walked in order, which the hardware
+/// prefetchers follow (column blocks narrower than a row, where the sums fit the sixteen AVX2
+/// registers, leave them strided; NOTES-CPU.md).
 #[inline(always)]
 fn rows_step<const FMA: bool>(t: &mut Token<'_, '_>, ahead: impl Fn(usize) -> Option<*const f32>) {
     // The sums on the stack, aligned to cache lines: in the caller's `u` and `o` (16-byte
@@ -272,6 +272,12 @@ fn rows_step_with<const FMA: bool>(
         };
         let mut r = 0;
         while r + 4 <= kdim {
+            // The first half of the next state's rows, two every four rows.
+            for h in [r / 2, r / 2 + 1] {
+                if let Some(p) = ahead(h) {
+                    prefetch_row(p, w);
+                }
+            }
             let (s0, s1, s2, s3) = (row(r), row(r + 1), row(r + 2), row(r + 3));
             let (k0, k1, k2, k3) = (k[r], k[r + 1], k[r + 2], k[r + 3]);
             let (q0, q1, q2, q3) = (q[r], q[r + 1], q[r + 2], q[r + 3]);
@@ -299,8 +305,10 @@ fn rows_step_with<const FMA: bool>(
         (ka[c], u[c], o[c]) = (uc, uc, oc);
     }
     let ub = &*ka;
+    // The rest of the next state's rows, one every other row.
+    let half = 2 * (kdim / 4);
     for r in 0..kdim {
-        if let Some(p) = ahead(r) {
+        if let Some(p) = ahead(half + r / 2).filter(|_| r % 2 == 1 && half + r / 2 < kdim) {
             prefetch_row(p, w);
         }
         let kr = k[r];
