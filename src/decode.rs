@@ -445,8 +445,6 @@ fn cpu_decode_in_pool(
     }
     let (o_ptr, pool_ptr) = (Shared(o.as_mut_ptr()), Shared(pool.as_mut_ptr()));
     let pool_len = pool.len();
-    // Small steps (a few MiB of states, about 0.1 ms) run partly on the calling thread.
-    let small = n * hv * kv <= 1 << 21;
     // Each next state fetched during the step before it, where the states do not stay in the
     // last-level cache from one step to the next (there it saves a third of the step; where
     // they stay, it costs a tenth: NOTES-CPU.md).
@@ -470,7 +468,9 @@ fn cpu_decode_in_pool(
     } else {
         1
     };
-    crate::cpu::for_each_task(tasks.div_ceil(per_run), small, |run| {
+    // A step of a loop called back to back: shared by the calling thread and the polling
+    // helpers (`for_each_task`), whatever its size.
+    crate::cpu::for_each_task(tasks.div_ceil(per_run), true, |run| {
         let (o_ptr, pool_ptr) = (o_ptr, pool_ptr);
         let ids: Vec<usize> = (run * per_run..tasks.min((run + 1) * per_run))
             .filter(|&task| plan.read[task / (hv * tiles)] >= 0)

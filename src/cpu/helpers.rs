@@ -1,7 +1,7 @@
-//! Helper threads for steps of a few tens of microseconds (a decode step of one sequence: 2 MiB
-//! of state, 30-60 us on one core).
+//! Helper threads for decode steps, called back to back (one sequence: 2 MiB of state, 30-60 us
+//! on one core; 16 sequences about 1 ms).
 //!
-//! Handing such a step to rayon costs as much as the step on a small host: the caller, outside
+//! Handing such a step to rayon costs as much as a short step on a small host: the caller, outside
 //! the pool, sleeps on a condition variable until the helper's share is done and is woken by a
 //! system call, and an idle helper falls asleep between steps and must be woken the same way
 //! (on a 2-core guest the step's time went from 0.033 to 0.104 ms with how fast the host

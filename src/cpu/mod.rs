@@ -54,20 +54,22 @@ pub(crate) fn avx512_kernels() -> bool {
     false
 }
 
-/// Runs `f(task)` for every task in `0..n` on rayon's pool; for `small` work with a pool of one
-/// thread, on the calling thread instead. Handing a decode step of about 0.1 ms to the pool and
-/// sleeping until it is done (waking a worker, then the caller) costs about as much as the step
-/// on this 2-core machine: a one-thread N=1 step went from 0.21-0.25 ms to 0.13-0.14 ms
-/// (NOTES-CPU.md). With more threads, small work is shared between the caller and helpers (see
-/// below); large work goes to the pool. Each task's arithmetic does not depend on where it runs.
-pub(crate) fn for_each_task(n: usize, small: bool, f: impl Fn(usize) + Sync + Send) {
+/// Runs `f(task)` for every task in `0..n`: on rayon's pool, or for a `step` (one of a loop's
+/// calls back to back, as a model's decode steps) on the calling thread and the helper threads
+/// that poll between steps ([`helpers`]; the calling thread alone with a pool of one thread).
+/// Handing a step to the pool costs the wake-ups of sleeping threads each time, and the calling
+/// thread waits idle: a one-thread N=1 step went from 0.21-0.25 ms to 0.13-0.14 ms on the
+/// calling thread; at two threads an N=16 step (32 MiB of states) from 0.98-1.04 ms on the pool
+/// to 0.84-0.89 ms with a helper, N=64 from 5.6-5.8 to 5.3-5.5 (NOTES-CPU.md). Each task's
+/// arithmetic does not depend on where it runs.
+pub(crate) fn for_each_task(n: usize, step: bool, f: impl Fn(usize) + Sync + Send) {
     let threads = rayon::current_num_threads();
     let outside = rayon::current_thread_index().is_none();
-    if n < 2 || (small && threads <= 1 && outside) {
+    if n < 2 || (step && threads <= 1 && outside) {
         (0..n).for_each(f)
-    } else if small && outside {
+    } else if step && outside {
         // The calling thread takes the first share and `threads - 1` helpers the others, nobody
-        // sleeping inside the step (`helpers`); where another caller holds the helpers, rayon.
+        // sleeping inside the step; where another caller holds the helpers, rayon.
         if !helpers::Helpers::get(threads - 1).run(n, &f) {
             (0..n).into_par_iter().for_each(f)
         }
@@ -343,7 +345,7 @@ mod task_tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// Every task runs exactly once, on the pool or on the calling thread (a one-thread pool,
-    /// where the small path runs inline, included).
+    /// where a step runs inline, included).
     #[test]
     fn for_each_task_runs_every_task_once() {
         let one = rayon::ThreadPoolBuilder::new()
@@ -351,19 +353,19 @@ mod task_tests {
             .build()
             .unwrap();
         for n in [0, 1, 2, 7, 64] {
-            for small in [false, true] {
+            for step in [false, true] {
                 let runs: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
-                super::for_each_task(n, small, |t| {
+                super::for_each_task(n, step, |t| {
                     runs[t].fetch_add(1, Ordering::Relaxed);
                 });
                 one.install(|| {
-                    super::for_each_task(n, small, |t| {
+                    super::for_each_task(n, step, |t| {
                         runs[t].fetch_add(1, Ordering::Relaxed);
                     })
                 });
                 assert!(
                     runs.iter().all(|r| r.load(Ordering::Relaxed) == 2),
-                    "n {n} small {small}"
+                    "n {n} step {step}"
                 );
             }
         }
@@ -372,7 +374,7 @@ mod task_tests {
     /// Callers on several threads at once (the helpers serve one; the others go to rayon), many
     /// steps back to back: every task of every step runs exactly once.
     #[test]
-    fn small_steps_from_many_callers() {
+    fn steps_from_many_callers() {
         std::thread::scope(|s| {
             for caller in 0..4 {
                 s.spawn(move || {
