@@ -470,7 +470,9 @@ fn cpu_decode_in_pool(
     };
     // A step of a loop called back to back: shared by the calling thread and the polling
     // helpers (`for_each_task`), whatever its size.
-    crate::cpu::for_each_task(tasks.div_ceil(per_run), true, |run| {
+    let runs = tasks.div_ceil(per_run);
+    let share = crate::cpu::step_share(runs);
+    crate::cpu::for_each_task(runs, true, |run| {
         let (o_ptr, pool_ptr) = (o_ptr, pool_ptr);
         let ids: Vec<usize> = (run * per_run..tasks.min((run + 1) * per_run))
             .filter(|&task| plan.read[task / (hv * tiles)] >= 0)
@@ -526,7 +528,14 @@ fn cpu_decode_in_pool(
                 })
                 .flatten()
         };
-        let next = prefetch_of(last + 1);
+        // Not across the end of this thread's share: that state is another thread's, which it
+        // writes in its cache, and pulling it here makes its next step's writes wait for this
+        // core to give the lines back (N=1 at two threads: 0.064 -> 0.043 ms, NOTES-CPU.md).
+        let next = if (run + 1) % share == 0 {
+            None
+        } else {
+            prefetch_of(last + 1)
+        };
         let token = |task: usize, tok: usize| {
             let (seq, j, tile) = (task / (hv * tiles), task / tiles % hv, task % tiles);
             let (ti, c0) = (seq * t + tok, tile * tw);

@@ -78,6 +78,13 @@ pub(crate) fn for_each_task(n: usize, step: bool, f: impl Fn(usize) + Sync + Sen
     }
 }
 
+/// How many consecutive tasks of `n` each thread takes in [`for_each_task`]'s `step` form (the
+/// last share may be shorter): work that reaches ahead to the next task (prefetching its data)
+/// stops at the end of a share, whose next task another thread runs.
+pub(crate) fn step_share(n: usize) -> usize {
+    n.div_ceil(rayon::current_num_threads().max(1)).max(1)
+}
+
 /// The size of the last-level data cache in bytes, as Linux's sysfs gives it for cpu0 (the
 /// highest level that is not an instruction cache); 32 MiB where it cannot be read.
 pub(crate) fn last_level_cache() -> usize {
