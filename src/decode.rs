@@ -411,6 +411,108 @@ struct Activated<'a> {
     beta: &'a [f32],
 }
 
+/// How many tiles of V (each a multiple of 16 columns) the `heads` (sequence, value head) states
+/// are cut into: halving until there are a few tasks per thread.
+fn v_tiles(heads: usize, dv: usize) -> usize {
+    let mut tiles = 1;
+    while heads * tiles < 4 * rayon::current_num_threads()
+        && dv % (2 * tiles) == 0
+        && dv / (2 * tiles) >= 16
+        && (dv / (2 * tiles)) % 16 == 0
+    {
+        tiles *= 2;
+    }
+    tiles
+}
+
+/// [`cpu_decode_in_pool`] for V-major states (`state_v_first`, `[.., V, K]`): each task, one
+/// (sequence, value head, tile of V rows), steps its rows token by token with
+/// [`crate::cpu::v_tile_step`] (one pass over each row a token), reading and writing the pool
+/// in its own layout.
+fn cpu_decode_in_pool_v_first(
+    p: &Problem,
+    plan: &Plan,
+    idx: &StateIndices<'_>,
+    pool: &mut [f32],
+    x: Activated<'_>,
+    scale: f32,
+    o: &mut [f32],
+) {
+    let Activated { q, k, v, g, beta } = x;
+    let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
+    let (n, t) = (plan.n, plan.t);
+    let kv = dk * dv;
+    let tiles = v_tiles(n * hv, dv);
+    let tw = dv / tiles;
+    debug_assert_eq!(o.len(), n * t * hv * dv);
+    for seq in (0..n).filter(|&seq| plan.read[seq] < 0) {
+        o[seq * t * hv * dv..][..t * hv * dv].fill(0.0);
+    }
+    let (o_ptr, pool_ptr) = (Shared(o.as_mut_ptr()), Shared(pool.as_mut_ptr()));
+    let pool_len = pool.len();
+    crate::cpu::for_each_task(n * hv * tiles, true, |task| {
+        let (o_ptr, pool_ptr) = (o_ptr, pool_ptr);
+        let (seq, j, tile) = (task / (hv * tiles), task / tiles % hv, task % tiles);
+        let row = plan.read[seq];
+        if row < 0 {
+            return;
+        }
+        let w = idx.write.map_or(row, |w| w.get(seq));
+        let at = |row: i64| {
+            let off = (row as usize * hv + j) * kv + tile * tw * dk;
+            debug_assert!(off + tw * dk <= pool_len);
+            off
+        };
+        // SAFETY: as in `cpu_decode_in_pool`: `plan` checked every row against the pool, that no
+        // row is written by two sequences and that no row one sequence writes is read by
+        // another, so this task's rows (its head's, its tile's: `tw * dk` consecutive values)
+        // are touched by no other task while the step runs; the read and write rows differ
+        // where both are taken here.
+        let mut scratch = Vec::new();
+        let (rows, mut src): (&mut [f32], Option<&[f32]>) = unsafe {
+            let read = std::slice::from_raw_parts(pool_ptr.0.add(at(row)), tw * dk);
+            if w == row {
+                (
+                    std::slice::from_raw_parts_mut(pool_ptr.0.add(at(row)), tw * dk),
+                    None,
+                )
+            } else if w < 0 {
+                scratch.extend_from_slice(read);
+                (&mut scratch[..], None)
+            } else {
+                (
+                    std::slice::from_raw_parts_mut(pool_ptr.0.add(at(w)), tw * dk),
+                    Some(read),
+                )
+            }
+        };
+        let mut o_row = vec![0f32; tw];
+        for tok in 0..t {
+            let ti = seq * t + tok;
+            let tj = ti * hv + j;
+            let qk = (ti * nh + p.qk_head(j)) * dk;
+            crate::cpu::v_tile_step(&mut crate::cpu::VTile {
+                rows: &mut *rows,
+                src,
+                k: &k[qk..][..dk],
+                q: &q[qk..][..dk],
+                v: &v[tj * dv + tile * tw..][..tw],
+                decay: g[tj].exp(),
+                beta: beta[tj],
+                scale,
+                o: &mut o_row,
+            });
+            // After the first token the state is read where it was written.
+            src = None;
+            // SAFETY: element (token, head j, rows of the tile) of `o` belongs to this task
+            // alone, and `o` outlives the tasks.
+            unsafe {
+                std::ptr::copy_nonoverlapping(o_row.as_ptr(), o_ptr.0.add(tj * dv + tile * tw), tw)
+            };
+        }
+    });
+}
+
 /// The step on the CPU when only the final states are wanted, K-major: each task, one (sequence,
 /// value head, V-tile), reads its state where it lies in the pool and writes the new one to the
 /// row it goes to, one [`crate::cpu::token_step`] per token. Columns of the state are
@@ -428,15 +530,7 @@ fn cpu_decode_in_pool(
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let (n, t) = (plan.n, plan.t);
     let kv = dk * dv;
-    // Tiles of V (multiples of 16 columns) until there are a few tasks per thread.
-    let mut tiles = 1;
-    while n * hv * tiles < 4 * rayon::current_num_threads()
-        && dv % (2 * tiles) == 0
-        && dv / (2 * tiles) >= 16
-        && (dv / (2 * tiles)) % 16 == 0
-    {
-        tiles *= 2;
-    }
+    let tiles = v_tiles(n * hv, dv);
     let tw = dv / tiles;
     debug_assert_eq!(o.len(), n * t * hv * dv);
     // Padding slots: zeros, every element of `o` being written.
@@ -641,7 +735,7 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32], o_out: &mut [f32]) -> Result<Op
     )?;
     let scale = opts.scale_for(dk);
     let keep_all = token_states || idx.per_token.is_some();
-    if !keep_all && !v_first {
+    if !keep_all {
         let x = Activated {
             q: &q,
             k: &k,
@@ -649,7 +743,11 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32], o_out: &mut [f32]) -> Result<Op
             g: &g,
             beta: &beta,
         };
-        cpu_decode_in_pool(p, plan, idx, pool, x, scale, o_out);
+        if v_first {
+            cpu_decode_in_pool_v_first(p, plan, idx, pool, x, scale, o_out);
+        } else {
+            cpu_decode_in_pool(p, plan, idx, pool, x, scale, o_out);
+        }
         return Ok(None);
     }
     let pool_ro: &[f32] = pool;

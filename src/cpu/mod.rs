@@ -31,7 +31,9 @@ pub use stages::kkt::chunk_scaled_dot_kkt;
 pub use stages::l2norm::l2norm;
 pub(crate) use stages::l2norm::l2norm_row;
 pub use stages::recurrent::recurrent;
-pub(crate) use stages::recurrent::{token_step, token_steps, Rows, RowsMut, Token};
+pub(crate) use stages::recurrent::{
+    token_step, token_steps, v_tile_step, Rows, RowsMut, Token, VTile,
+};
 pub use stages::solve_tril::solve_tril;
 pub use stages::wy::recompute_w_u;
 

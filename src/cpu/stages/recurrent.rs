@@ -563,6 +563,139 @@ fn pipelined<const B: usize, const FMA: bool>(tokens: &mut [Token<'_, '_>]) {
     }
 }
 
+/// One token of the gated delta rule on some rows of one head's V-major state (`[V, K]`, the
+/// layout of `state_v_first`: row c holds column c of S, `K = k.len()` values), `w = v.len()`
+/// rows: per row, `S^T k` and `S^T q` of that column, then `u`, `o` and the row's update, in one
+/// pass over the row (the row is still in L1 for the update). The state is read from `src`
+/// (`None`: from `rows`) and written to `rows`; `v` and `o` hold one value a row.
+pub(crate) struct VTile<'a> {
+    pub rows: &'a mut [f32],
+    pub src: Option<&'a [f32]>,
+    pub k: &'a [f32],
+    pub q: &'a [f32],
+    pub v: &'a [f32],
+    pub decay: f32,
+    pub beta: f32,
+    pub scale: f32,
+    pub o: &'a mut [f32],
+}
+
+/// Advances one [`VTile`]. Each row's sums take its K values in sixteen interleaved partial sums
+/// (lane l: the values at l, l + 16, ..., one multiply-add each, in order) combined in a fixed
+/// tree, written so that the compiler keeps a lane a vector lane: the same bits with AVX-512
+/// (one register a sum), AVX2 (two) and the portable build with FMA. `u` and `o` follow the
+/// K-major step's formula ([`u_and_o`]) and so does each element's update; only the order of
+/// the column sums differs from [`token_step`], so the two layouts agree to rounding, not to
+/// the bit.
+pub(crate) fn v_tile_step(t: &mut VTile<'_>) {
+    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+    if crate::cpu::kernel::have_avx512() {
+        // SAFETY: AVX-512F was just detected.
+        return unsafe { v_tile_step_avx512(t) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: AVX2 and FMA were just detected.
+            return unsafe { v_tile_step_avx2(t) };
+        }
+    }
+    v_tile_rows::<PORTABLE_FMA>(t)
+}
+
+/// [`v_tile_step`] compiled for AVX-512.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+#[target_feature(enable = "avx512f")]
+unsafe fn v_tile_step_avx512(t: &mut VTile<'_>) {
+    v_tile_rows::<true>(t)
+}
+
+/// [`v_tile_step`] compiled for AVX2 with FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn v_tile_step_avx2(t: &mut VTile<'_>) {
+    v_tile_rows::<true>(t)
+}
+
+/// Lanes of [`v_tile_step`]'s partial sums.
+const LANES: usize = 16;
+
+#[inline(always)]
+fn v_tile_rows<const FMA: bool>(t: &mut VTile<'_>) {
+    let VTile {
+        rows,
+        src,
+        k,
+        q,
+        v,
+        decay,
+        beta,
+        scale,
+        o,
+    } = t;
+    let (kdim, w) = (k.len(), v.len());
+    let (decay, beta, scale) = (*decay, *beta, *scale);
+    let kq = dot_fma::<FMA>(k, q);
+    let whole = kdim / LANES * LANES;
+    for i in 0..w {
+        let (a, b) = {
+            let x: &[f32] = match src {
+                Some(s) => &s[i * kdim..][..kdim],
+                None => &rows[i * kdim..][..kdim],
+            };
+            let (mut a, mut b) = ([0f32; LANES], [0f32; LANES]);
+            for ((xs, ks), qs) in x[..whole]
+                .chunks_exact(LANES)
+                .zip(k[..whole].chunks_exact(LANES))
+                .zip(q[..whole].chunks_exact(LANES))
+            {
+                for l in 0..LANES {
+                    a[l] = madd::<FMA>(ks[l], xs[l], a[l]);
+                    b[l] = madd::<FMA>(qs[l], xs[l], b[l]);
+                }
+            }
+            for (l, r) in (whole..kdim).enumerate() {
+                a[l] = madd::<FMA>(k[r], x[r], a[l]);
+                b[l] = madd::<FMA>(q[r], x[r], b[l]);
+            }
+            (lane_sum(&a), lane_sum(&b))
+        };
+        let (u, oc) = u_and_o::<FMA>(a, b, v[i], decay, beta, scale, kq);
+        o[i] = oc;
+        let out = &mut rows[i * kdim..][..kdim];
+        match src {
+            Some(s) => {
+                for ((y, &x), &kr) in out.iter_mut().zip(&s[i * kdim..][..kdim]).zip(k.iter()) {
+                    *y = madd::<FMA>(kr, u, decay * x);
+                }
+            }
+            None => {
+                for (y, &kr) in out.iter_mut().zip(k.iter()) {
+                    *y = madd::<FMA>(kr, u, decay * *y);
+                }
+            }
+        }
+    }
+}
+
+/// The sixteen partial sums of [`v_tile_step`] added in a fixed tree: lane l with lane l + 8,
+/// then l + 4, then l + 2, then the last two (the halvings a vector reduction does).
+#[inline(always)]
+fn lane_sum(a: &[f32; LANES]) -> f32 {
+    let mut s8 = [0f32; 8];
+    for l in 0..8 {
+        s8[l] = a[l] + a[l + 8];
+    }
+    let s4 = [s8[0] + s8[4], s8[1] + s8[5], s8[2] + s8[6], s8[3] + s8[7]];
+    (s4[0] + s4[2]) + (s4[1] + s4[3])
+}
+
 /// One column's `u = beta (v - decay S^T k)` and `o = scale (decay S^T q + u (q . k))` from its
 /// sums `ka = S^T k`, `qa = S^T q` of the undecayed state: the one formula of every step form,
 /// so they give the same bits.
