@@ -752,7 +752,8 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32], o_out: &mut [f32]) -> Result<Op
     }
     let pool_ro: &[f32] = pool;
 
-    // Per task (n, j): o [T, V], and the K-major state after every token (or only the last).
+    // Per task (n, j): o [T, V], and the state after every token (or only the last), in the
+    // pool's layout.
     let results: Vec<Option<(Vec<f32>, Vec<f32>)>> = (0..n * hv)
         .into_par_iter()
         .map(|task| {
@@ -763,31 +764,47 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32], o_out: &mut [f32]) -> Result<Op
             }
             let kh = p.qk_head(j);
             let src = &pool_ro[(row as usize * hv + j) * kv..][..kv];
-            let mut s = if v_first {
-                crate::host::transpose_states(src, dk, dv, false)
-            } else {
-                src.to_vec()
-            };
+            let mut s = src.to_vec();
             let mut o = vec![0f32; t * dv];
             let mut states = Vec::with_capacity(if keep_all { t * kv } else { kv });
             let mut u = vec![0f32; dv];
             for tok in 0..t {
                 let ti = seq * t + tok;
                 let tj = ti * hv + j;
-                // The same token step as the in-pool path, so both give the same bits.
-                crate::cpu::token_step(&mut crate::cpu::Token {
-                    state: RowsMut::new(&mut s, dv, dv, dk),
-                    src: None,
-                    k: &k[(ti * nh + kh) * dk..][..dk],
-                    q: &q[(ti * nh + kh) * dk..][..dk],
-                    v: &v[tj * dv..][..dv],
-                    decay: g[tj].exp(),
-                    beta: beta[tj],
-                    scale,
-                    u: &mut u,
-                    o: &mut o[tok * dv..][..dv],
-                    next: None,
-                });
+                let (k, q) = (
+                    &k[(ti * nh + kh) * dk..][..dk],
+                    &q[(ti * nh + kh) * dk..][..dk],
+                );
+                let (v, o) = (&v[tj * dv..][..dv], &mut o[tok * dv..][..dv]);
+                let (decay, beta) = (g[tj].exp(), beta[tj]);
+                // The same token steps as the in-pool paths, so both give the same bits.
+                if v_first {
+                    crate::cpu::v_tile_step(&mut crate::cpu::VTile {
+                        rows: &mut s,
+                        src: None,
+                        k,
+                        q,
+                        v,
+                        decay,
+                        beta,
+                        scale,
+                        o,
+                    });
+                } else {
+                    crate::cpu::token_step(&mut crate::cpu::Token {
+                        state: RowsMut::new(&mut s, dv, dv, dk),
+                        src: None,
+                        k,
+                        q,
+                        v,
+                        decay,
+                        beta,
+                        scale,
+                        u: &mut u,
+                        o,
+                        next: None,
+                    });
+                }
                 if keep_all || tok + 1 == t {
                     states.extend_from_slice(&s);
                 }
@@ -796,13 +813,6 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32], o_out: &mut [f32]) -> Result<Op
         })
         .collect();
 
-    let layout = |s: &[f32]| {
-        if v_first {
-            crate::host::transpose_states(s, dk, dv, true)
-        } else {
-            s.to_vec()
-        }
-    };
     let o = o_out;
     o.fill(0.0);
     let mut dense = token_states.then(|| vec![0f32; n * t * hv * kv]);
@@ -823,7 +833,7 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32], o_out: &mut [f32]) -> Result<Op
         if let Some(d) = dense.as_mut() {
             for tok in 0..t {
                 let tj = (seq * t + tok) * hv + j;
-                d[tj * kv..][..kv].copy_from_slice(&layout(after(tok)));
+                d[tj * kv..][..kv].copy_from_slice(after(tok));
             }
         }
         // Per-token rows first, then the final row: the order the kernel writes in.
@@ -831,13 +841,13 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32], o_out: &mut [f32]) -> Result<Op
             for tok in 0..t {
                 let w = pt.get(seq * t + tok);
                 if w >= 0 {
-                    pool[(w as usize * hv + j) * kv..][..kv].copy_from_slice(&layout(after(tok)));
+                    pool[(w as usize * hv + j) * kv..][..kv].copy_from_slice(after(tok));
                 }
             }
         }
         let w = idx.write.map_or(plan.read[seq], |w| w.get(seq));
         if w >= 0 {
-            pool[(w as usize * hv + j) * kv..][..kv].copy_from_slice(&layout(after(t - 1)));
+            pool[(w as usize * hv + j) * kv..][..kv].copy_from_slice(after(t - 1));
         }
     }
     debug_assert!(plan.pool_rows * hv * kv == pool.len());

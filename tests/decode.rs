@@ -452,7 +452,7 @@ fn cpu_multi_token_step_equals_single_steps_bitwise() {
 fn cpu_step_gives_the_same_bits_with_and_without_token_states() {
     let s = sh(3, 4, 2, 4, 8, 12, 7);
     let mut rng = Rng::new(11);
-    for opts in option_sets().into_iter().filter(|o| !o.state_v_first) {
+    for opts in option_sets() {
         let x = inputs(&mut rng, s, DType::BF16, &opts);
         let plan = index_plan(&mut rng, s, false, false);
         let owned = Owned::new(&plan, false);
