@@ -450,7 +450,16 @@ fn cpu_decode_in_pool_v_first(
     }
     let (o_ptr, pool_ptr) = (Shared(o.as_mut_ptr()), Shared(pool.as_mut_ptr()));
     let pool_len = pool.len();
-    crate::cpu::for_each_task(n * hv * tiles, true, |task| {
+    let tasks = n * hv * tiles;
+    let share = crate::cpu::step_share(tasks);
+    // Where task `task`'s rows lie in pool row `row`.
+    let offset = |task: usize, row: i64| {
+        let (j, tile) = (task / tiles % hv, task % tiles);
+        let off = (row as usize * hv + j) * kv + tile * tw * dk;
+        debug_assert!(off + tw * dk <= pool_len);
+        off
+    };
+    crate::cpu::for_each_task(tasks, true, |task| {
         let (o_ptr, pool_ptr) = (o_ptr, pool_ptr);
         let (seq, j, tile) = (task / (hv * tiles), task / tiles % hv, task % tiles);
         let row = plan.read[seq];
@@ -458,11 +467,13 @@ fn cpu_decode_in_pool_v_first(
             return;
         }
         let w = idx.write.map_or(row, |w| w.get(seq));
-        let at = |row: i64| {
-            let off = (row as usize * hv + j) * kv + tile * tw * dk;
-            debug_assert!(off + tw * dk <= pool_len);
-            off
-        };
+        let at = |row: i64| offset(task, row);
+        // The next task's rows, fetched during this one's last token (not past the end of this
+        // thread's share: see `cpu_decode_in_pool`). Only an address is formed here.
+        let next = (task + 1 < tasks && (task + 1) % share != 0)
+            .then(|| plan.read[(task + 1) / (hv * tiles)])
+            .filter(|&r| r >= 0)
+            .map(|r| pool_ptr.0.wrapping_add(offset(task + 1, r)) as *const f32);
         // SAFETY: as in `cpu_decode_in_pool`: `plan` checked every row against the pool, that no
         // row is written by two sequences and that no row one sequence writes is read by
         // another, so this task's rows (its head's, its tile's: `tw * dk` consecutive values)
@@ -501,6 +512,7 @@ fn cpu_decode_in_pool_v_first(
                 beta: beta[tj],
                 scale,
                 o: &mut o_row,
+                next: next.filter(|_| tok + 1 == t),
             });
             // After the first token the state is read where it was written.
             src = None;
@@ -789,6 +801,7 @@ fn cpu_decode(step: &Step<'_>, pool: &mut [f32], o_out: &mut [f32]) -> Result<Op
                         beta,
                         scale,
                         o,
+                        next: None,
                     });
                 } else {
                     crate::cpu::token_step(&mut crate::cpu::Token {

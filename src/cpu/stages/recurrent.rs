@@ -578,6 +578,10 @@ pub(crate) struct VTile<'a> {
     pub beta: f32,
     pub scale: f32,
     pub o: &'a mut [f32],
+    /// The rows the caller will step next (their first value; rows `K` apart), fetched towards
+    /// the cache a row for each row stepped here: a decode step streams states larger than the
+    /// caches.
+    pub next: Option<*const f32>,
 }
 
 /// Advances one [`VTile`]. Each row's sums take its K values in sixteen interleaved partial sums
@@ -638,12 +642,16 @@ fn v_tile_rows<const FMA: bool>(t: &mut VTile<'_>) {
         beta,
         scale,
         o,
+        next,
     } = t;
     let (kdim, w) = (k.len(), v.len());
     let (decay, beta, scale) = (*decay, *beta, *scale);
     let kq = dot_fma::<FMA>(k, q);
     let whole = kdim / LANES * LANES;
     for i in 0..w {
+        if let Some(p) = next {
+            prefetch_row(p.wrapping_add(i * kdim), kdim);
+        }
         let (a, b) = {
             let x: &[f32] = match src {
                 Some(s) => &s[i * kdim..][..kdim],
