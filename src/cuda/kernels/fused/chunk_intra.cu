@@ -49,6 +49,10 @@
 #if INTRA_DOUBLING_MMA && !INTRA_DOUBLING
 #error "INTRA_DOUBLING_MMA needs INTRA_DOUBLING"
 #endif
+// The doubling's products' operands (warp_mma's SA, SB): split into two TF32 pieces (three
+// passes, about 2^-22 relative) for the exact precision; rounded to TF32 (one pass, 2^-12 an
+// operand) where A_inv is then rounded to one bf16 piece (2^-9): the fast precision.
+#define DSPLIT (PIECES == 1 ? 2 : 1)
 // P_IN_REC (with INTRA_DIAG; for chunk_recurrent_regs built with it): p is formed in the
 // recurrent kernel from the q and k it stages anyway, so that q is read once in the forward, not
 // twice, and p never goes through device memory. chunk_intra then stages no q, forms no Q K^T
@@ -521,8 +525,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
 #if INTRA_DOUBLING_MMA
         // The blocks below the diagonal by doubling (as below, the same products) on the tensor
         // cores: each product a warp's 16 x 8 tile by warp_mma's three TF32 passes (about
-        // 2^-22 relative, against the FMA form's f32 roundings), operands read from the f32
-        // tiles in shared memory. Why: the FMA form's float4 loads of whole rows were a third of
+        // 2^-22 relative, against the FMA form's f32 roundings; one pass in the fast precision,
+        // see DSPLIT), operands read from the f32 tiles in shared memory. Why: the FMA form's float4 loads of whole rows were a third of
         // the kernel's shared-memory wavefronts (Nsight Compute, NOTES-GPU.md call BZ), and
         // shared memory bounds it. T1 (level 1) goes to the block-row scratch Tm, row stride
         // 24 (its B reads by rows t, columns g hit distinct banks), T2 (level 2) to rows ..31,
@@ -540,7 +544,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             float* T1 = Tm + p * 16 * 24;
             if (warp < 4) {
                 float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-                warp_mma<1, 1, 1, 16>(
+                warp_mma<DSPLIT, DSPLIT, 1, 16>(
                     acc, [&](int m, int kk) { return As[(b + 16 + m) * SA_ + b + kk]; },
                     [&](int kk, int n) { return Xs[(b + kk) * SA_ + b + n0 + n]; });
                 store(T1 + n0, 24, acc, 1.0f);
@@ -548,7 +552,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             __syncthreads();
             if (warp < 4) {
                 float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-                warp_mma<1, 1, 1, 16>(
+                warp_mma<DSPLIT, DSPLIT, 1, 16>(
                     acc, [&](int m, int kk) { return Xs[(b + 16 + m) * SA_ + b + 16 + kk]; },
                     [&](int kk, int n) { return T1[kk * 24 + n0 + n]; });
                 store(Xs + (b + 16) * SA_ + b + n0, SA_, acc, -1.0f);
@@ -559,7 +563,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             float* T2 = Xs + 32;
             {
                 float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-                warp_mma<1, 1, 1, 32>(
+                warp_mma<DSPLIT, DSPLIT, 1, 32>(
                     acc, [&](int m, int kk) { return As[(32 + r0 + m) * SA_ + kk]; },
                     [&](int kk, int n) { return Xs[kk * SA_ + c0 + n]; });
                 store(T2 + r0 * SA_ + c0, SA_, acc, 1.0f);
@@ -567,7 +571,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const Intra
             __syncthreads();
             {
                 float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-                warp_mma<1, 1, 1, 32>(
+                warp_mma<DSPLIT, DSPLIT, 1, 32>(
                     acc, [&](int m, int kk) { return Xs[(32 + r0 + m) * SA_ + 32 + kk]; },
                     [&](int kk, int n) { return T2[kk * SA_ + c0 + n]; });
                 store(Xs + (32 + r0) * SA_ + c0, SA_, acc, -1.0f);

@@ -86,10 +86,12 @@ __device__ __forceinline__ int frag_row(int e) { return ((threadIdx.x & 31) >> 2
 __device__ __forceinline__ int frag_col(int e) { return 2 * (threadIdx.x & 3) + (e & 1); }
 
 // One warp: acc[j] += A (16 x KD) B (KD x 8 columns 8j .. 8j+7), for j < NT. a_at(m, k) and
-// b_at(k, n) return the operands as f32 (m < 16, n < 8 NT, k < KD). SA / SB: whether A / B
-// need the TF32 split (f32 values) or are exact in TF32 (bf16/f16 inputs). Products:
-// exact x exact one pass; exact x split two (x hi, x lo); split x split three (hi hi, hi lo,
-// lo hi; lo lo is below 2^-22 relative). The small terms go first into the accumulator.
+// b_at(k, n) return the operands as f32 (m < 16, n < 8 NT, k < KD). SA / SB: 1 where A / B
+// need the TF32 split (f32 values), 0 where they are exact in TF32 (bf16/f16 inputs), 2 where
+// f32 values are rounded to TF32 (to nearest: 2^-12 relative; the tensor cores would drop the
+// low bits instead) for one pass. Products: exact x exact one pass; exact x split two (x hi,
+// x lo); split x split three (hi hi, hi lo, lo hi; lo lo is below 2^-22 relative). The small
+// terms go first into the accumulator.
 template <int SA, int SB, int NT, int KD, typename FA, typename FB>
 __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], FA a_at, FB b_at) {
 #if FUSED_MMA
@@ -101,8 +103,8 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], FA a_at, FB b_at) 
         unsigned ah[4], al[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            if (SA) split_tf32(af[e], ah[e], al[e]);
-            else ah[e] = __float_as_uint(af[e]);
+            if (SA == 1) split_tf32(af[e], ah[e], al[e]);
+            else ah[e] = SA == 2 ? round_tf32(af[e]) : __float_as_uint(af[e]);
         }
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
@@ -110,15 +112,15 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], FA a_at, FB b_at) 
             unsigned bh[2], bl[2];
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                if (SB) split_tf32(bf[e], bh[e], bl[e]);
-                else bh[e] = __float_as_uint(bf[e]);
+                if (SB == 1) split_tf32(bf[e], bh[e], bl[e]);
+                else bh[e] = SB == 2 ? round_tf32(bf[e]) : __float_as_uint(bf[e]);
             }
-            if (SA && SB) {
+            if (SA == 1 && SB == 1) {
                 mma_tf32(acc[j], ah, bl);
                 mma_tf32(acc[j], al, bh);
-            } else if (SA) {
+            } else if (SA == 1) {
                 mma_tf32(acc[j], al, bh);
-            } else if (SB) {
+            } else if (SB == 1) {
                 mma_tf32(acc[j], ah, bl);
             }
             mma_tf32(acc[j], ah, bh);
@@ -227,6 +229,7 @@ __device__ __forceinline__ void stage_rows_by(T* dst, int dst_stride, const T* s
 template <int SA, int SB, int NT, int KD, int NA, typename FA0, typename FA1, typename FB>
 __device__ __forceinline__ void warp_mma_x(float (&acc)[NA][NT][4], FA0 a_at0, FA1 a_at1,
                                            FB b_at) {
+    static_assert(SA <= 1 && SB <= 1, "warp_mma_x splits or takes exact operands (0 or 1)");
 #if FUSED_MMA
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float odd[NA][NT][4];
