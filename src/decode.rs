@@ -481,20 +481,16 @@ fn cpu_decode_in_pool_v_first(
         // where both are taken here.
         let mut scratch = Vec::new();
         let (rows, mut src): (&mut [f32], Option<&[f32]>) = unsafe {
-            let read = std::slice::from_raw_parts(pool_ptr.0.add(at(row)), tw * dk);
+            let rows_at =
+                |row: i64| std::slice::from_raw_parts_mut(pool_ptr.0.add(at(row)), tw * dk);
+            let read = |row: i64| std::slice::from_raw_parts(pool_ptr.0.add(at(row)), tw * dk);
             if w == row {
-                (
-                    std::slice::from_raw_parts_mut(pool_ptr.0.add(at(row)), tw * dk),
-                    None,
-                )
+                (rows_at(row), None)
             } else if w < 0 {
-                scratch.extend_from_slice(read);
+                scratch.extend_from_slice(read(row));
                 (&mut scratch[..], None)
             } else {
-                (
-                    std::slice::from_raw_parts_mut(pool_ptr.0.add(at(w)), tw * dk),
-                    Some(read),
-                )
+                (rows_at(w), Some(read(row)))
             }
         };
         let mut o_row = vec![0f32; tw];
