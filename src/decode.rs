@@ -411,18 +411,24 @@ struct Activated<'a> {
     beta: &'a [f32],
 }
 
-/// How many tiles of V (each a multiple of 16 columns) the `heads` (sequence, value head) states
-/// are cut into: halving until there are a few tasks per thread.
-fn v_tiles(heads: usize, dv: usize) -> usize {
+/// What both in-pool steps start from: how many tiles of V (each a multiple of 16 columns) each
+/// (sequence, value head) state is cut into, halving until there are a few tasks per thread, and
+/// their width; `o`'s padding slots zeroed (every element of `o` is written).
+fn in_pool_tiles(plan: &Plan, hv: usize, dv: usize, o: &mut [f32]) -> (usize, usize) {
+    let (n, t) = (plan.n, plan.t);
+    debug_assert_eq!(o.len(), n * t * hv * dv);
+    for seq in (0..n).filter(|&seq| plan.read[seq] < 0) {
+        o[seq * t * hv * dv..][..t * hv * dv].fill(0.0);
+    }
     let mut tiles = 1;
-    while heads * tiles < 4 * rayon::current_num_threads()
+    while n * hv * tiles < 4 * rayon::current_num_threads()
         && dv % (2 * tiles) == 0
         && dv / (2 * tiles) >= 16
         && (dv / (2 * tiles)) % 16 == 0
     {
         tiles *= 2;
     }
-    tiles
+    (tiles, dv / tiles)
 }
 
 /// [`cpu_decode_in_pool`] for V-major states (`state_v_first`, `[.., V, K]`): each task, one
@@ -442,12 +448,7 @@ fn cpu_decode_in_pool_v_first(
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let (n, t) = (plan.n, plan.t);
     let kv = dk * dv;
-    let tiles = v_tiles(n * hv, dv);
-    let tw = dv / tiles;
-    debug_assert_eq!(o.len(), n * t * hv * dv);
-    for seq in (0..n).filter(|&seq| plan.read[seq] < 0) {
-        o[seq * t * hv * dv..][..t * hv * dv].fill(0.0);
-    }
+    let (tiles, tw) = in_pool_tiles(plan, hv, dv, o);
     let (o_ptr, pool_ptr) = (Shared(o.as_mut_ptr()), Shared(pool.as_mut_ptr()));
     let pool_len = pool.len();
     let tasks = n * hv * tiles;
@@ -538,13 +539,7 @@ fn cpu_decode_in_pool(
     let (nh, hv, dk, dv) = (p.heads(), p.v_heads(), p.dk(), p.dv());
     let (n, t) = (plan.n, plan.t);
     let kv = dk * dv;
-    let tiles = v_tiles(n * hv, dv);
-    let tw = dv / tiles;
-    debug_assert_eq!(o.len(), n * t * hv * dv);
-    // Padding slots: zeros, every element of `o` being written.
-    for seq in (0..n).filter(|&seq| plan.read[seq] < 0) {
-        o[seq * t * hv * dv..][..t * hv * dv].fill(0.0);
-    }
+    let (tiles, tw) = in_pool_tiles(plan, hv, dv, o);
     let (o_ptr, pool_ptr) = (Shared(o.as_mut_ptr()), Shared(pool.as_mut_ptr()));
     let pool_len = pool.len();
     // Each next state fetched during the step before it, where the states do not stay in the
