@@ -550,17 +550,18 @@ fn cpu_decode_in_pool(
     // at most 16 tasks a run), each run stepped software-pipelined (`token_steps`: each state's
     // update beside the next one's sums); with more, one task at a time, its tokens in turn.
     // Not with the AVX-512 step where the states (over a few MiB) fit in about one last-level
-    // cache: there one task a run, its two passes back to back and the next task's state fetched
-    // during its update, measured faster on an AVX-512 host (32 MiB L3; N=16, 32 MiB of states:
-    // 1.10-1.44 -> 0.74-0.88 ms at 2 threads, 2.13-2.34 -> 1.31-1.51 at 1; N=64 and N=1 slower
-    // so), and slower with the AVX2 step on a Zen 3 host (N=16 at 2 threads: 2.36 -> 2.69 ms,
-    // medians of eight interleaved rounds): NOTES-CPU.md.
+    // cache: there each task of a run alone, its two passes back to back and the next task's
+    // state fetched during them (`token_step` with `next`), measured faster on an AVX-512 host
+    // (32 MiB L3; N=16, 32 MiB of states: 1.10-1.44 -> 0.74-0.88 ms at 2 threads, 2.13-2.34 ->
+    // 1.31-1.51 at 1; N=64 and N=1 slower so), and slower with the AVX2 step on a Zen 3 host
+    // (N=16 at 2 threads: 2.36 -> 2.69 ms, medians of eight interleaved rounds); runs of one
+    // task there cost 3 % more than runs of several (each run's vectors): NOTES-CPU.md.
     let tasks = n * hv * tiles;
     let states = 4 * n * hv * kv;
     let fits_cache = crate::cpu::avx512_kernels()
         && states > 8 << 20
         && 2 * states <= 3 * crate::cpu::last_level_cache();
-    let per_run = if t == 1 && !fits_cache {
+    let per_run = if t == 1 {
         (tasks / (8 * rayon::current_num_threads())).clamp(1, 16)
     } else {
         1
@@ -664,11 +665,21 @@ fn cpu_decode_in_pool(
                         scale,
                         u,
                         o: o_row,
-                        next: if task == last { next } else { None },
+                        next: if task == last {
+                            next
+                        } else if fits_cache {
+                            prefetch_of(task + 1)
+                        } else {
+                            None
+                        },
                     }
                 })
                 .collect();
-            crate::cpu::token_steps(&mut tokens, fetch);
+            if fits_cache {
+                tokens.iter_mut().for_each(crate::cpu::token_step);
+            } else {
+                crate::cpu::token_steps(&mut tokens, fetch);
+            }
             drop(tokens);
             for (&task, o_row) in ids.iter().zip(o_rows.chunks_exact(tw)) {
                 let (tj, c0, ..) = token(task, 0);
