@@ -70,7 +70,9 @@ pub struct Options {
     pub allow_neg_eigval: bool,
     /// g holds the raw gate input: use `-exp(A_log[j]) * softplus(g + dt_bias[j])`.
     pub gate_in_kernel: bool,
-    /// States are stored `[N, HV, V, K]` instead of `[N, HV, K, V]`.
+    /// States are stored `[N, HV, V, K]` instead of `[N, HV, K, V]` (llama.cpp's and
+    /// FlashInfer's layout). The CPU decode step then works on the rows where they lie, in an
+    /// order of its own: the two layouts agree to rounding, not to the bit.
     pub state_v_first: bool,
     /// Tokens per chunk of the chunked forward: 16, 32 or 64; the chunk states
     /// (`output_chunk_states`) come at this granularity. Without chunk states a backend may
