@@ -286,6 +286,15 @@ fn tunings() -> Vec<fused::Tuning> {
             p_in_rec: Some(true),
             ..Tuning::default()
         },
+        // chunk_intra compiled for three and five blocks an SM (other register budgets).
+        Tuning {
+            intra_blocks: Some(3),
+            ..Tuning::default()
+        },
+        Tuning {
+            intra_blocks: Some(5),
+            ..Tuning::default()
+        },
     ]
 }
 

@@ -155,6 +155,9 @@ pub struct Config {
     /// stages (a warpgroup product), not by `chunk_intra` through the workspace (`P_IN_REC`):
     /// q is read once a forward, and `chunk_intra` forms no `Q K^T`.
     pub p_in_rec: bool,
+    /// `chunk_intra`'s blocks an SM that its register budget is compiled for
+    /// (`__launch_bounds__(256, INTRA_BLOCKS)`: 64 registers a thread at 4).
+    pub intra_blocks: u32,
 }
 
 impl Config {
@@ -165,7 +168,7 @@ impl Config {
              #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n\
              #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n#define HBUF {}\n#define LATE_PLANES {}\n\
              #define ROW_SKIP {}\n#define WGMMA {}\n#define WG_TRI {}\n#define INTRA_DIAG {}\n\
-             #define INTRA_DOUBLING {}\n#define INTRA_DOUBLING_MMA {}\n#define P_IN_REC {}\n",
+             #define INTRA_DOUBLING {}\n#define INTRA_DOUBLING_MMA {}\n#define P_IN_REC {}\n#define INTRA_BLOCKS {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -188,6 +191,7 @@ impl Config {
             i32::from(self.intra_doubling),
             i32::from(self.intra_doubling_mma),
             i32::from(self.p_in_rec),
+            self.intra_blocks,
         )
     }
 
@@ -353,6 +357,7 @@ pub fn standard_configs() -> Vec<Config> {
         intra_doubling: false,
         intra_doubling_mma: false,
         p_in_rec: false,
+        intra_blocks: INTRA_BLOCKS,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -600,6 +605,8 @@ pub struct Tuning {
     /// `p` formed in the recurrent kernel (`Config::p_in_rec`) where the warpgroup products run
     /// (every recurrent launch of the forward on them); by default in the exact precision.
     pub p_in_rec: Option<bool>,
+    /// `chunk_intra`'s blocks an SM compiled for (`Config::intra_blocks`: 3 to 5); by default 4.
+    pub intra_blocks: Option<u32>,
 }
 
 impl Tuning {
@@ -609,7 +616,8 @@ impl Tuning {
     /// `DELTANET_FUSED_HBUF=0|1`, `DELTANET_FUSED_SEGMENTS`, `DELTANET_FUSED_LATE=0|1`,
     /// `DELTANET_FUSED_BLOCKS`, `DELTANET_FUSED_ROWSKIP=0|1`, `DELTANET_FUSED_WGMMA=0|1`,
     /// `DELTANET_FUSED_WGTRI=0|1`, `DELTANET_FUSED_INTRADIAG=0|1`, `DELTANET_FUSED_DOUBLING=0|1`,
-    /// `DELTANET_FUSED_DOUBLINGMMA=0|1`, `DELTANET_FUSED_PINREC=0|1`.
+    /// `DELTANET_FUSED_DOUBLINGMMA=0|1`, `DELTANET_FUSED_PINREC=0|1`,
+    /// `DELTANET_FUSED_INTRABLOCKS`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -639,6 +647,7 @@ impl Tuning {
             intra_doubling: flag("DELTANET_FUSED_DOUBLING"),
             intra_doubling_mma: flag("DELTANET_FUSED_DOUBLINGMMA"),
             p_in_rec: flag("DELTANET_FUSED_PINREC"),
+            intra_blocks: num("DELTANET_FUSED_INTRABLOCKS").and_then(|b: usize| u32::try_from(b).ok()),
         }
     }
 }
@@ -689,6 +698,7 @@ fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &
         intra_doubling: false,
         intra_doubling_mma: false,
         p_in_rec: false,
+        intra_blocks: intra_blocks(tuning),
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -800,6 +810,7 @@ fn regs_config_for(
         intra_doubling: tuning.intra_doubling.unwrap_or(true),
         intra_doubling_mma: false,
         p_in_rec: false,
+        intra_blocks: INTRA_BLOCKS,
     };
     cfg.intra_doubling_mma = cfg.intra_doubling && tuning.intra_doubling_mma.unwrap_or(true);
     // The warpgroup products wherever they apply (the plain kernel on an sm_90 GPU; whole
@@ -847,8 +858,21 @@ fn regs_config_for(
             cfg = with;
         }
     }
+    cfg.intra_blocks = intra_blocks(tuning);
     (cfg.shared_bytes(Kernel::ChunkRecurrentRegs) <= max).then_some(cfg)
 }
+
+/// `chunk_intra`'s blocks an SM (its register budget): [`INTRA_BLOCKS`] unless tuned to 3..=5.
+fn intra_blocks(tuning: &Tuning) -> u32 {
+    tuning
+        .intra_blocks
+        .filter(|b| (3..=5).contains(b))
+        .unwrap_or(INTRA_BLOCKS)
+}
+
+/// `chunk_intra`'s blocks an SM by default: 64 registers a thread, no spills; its shared
+/// memory would allow five.
+const INTRA_BLOCKS: u32 = 4;
 
 /// Share of short chunks (a sequence's last, under 64 rows) from which the plain recurrent
 /// kernel skips their empty row blocks by default. Measured on an H100 (NOTES-GPU.md, call BM:

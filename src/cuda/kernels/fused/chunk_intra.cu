@@ -113,8 +113,11 @@ __device__ __forceinline__ void row_times_rows(float (&x)[4], const float* a, co
 
 __device__ __forceinline__ float softplus_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-// Four blocks per SM: at most 64 registers a thread (the shared memory allows five).
-extern "C" __global__ void __launch_bounds__(THREADS, 4) chunk_intra(const IntraParams P) {
+// INTRA_BLOCKS blocks per SM (4: at most 64 registers a thread; the shared memory allows five).
+#ifndef INTRA_BLOCKS
+#define INTRA_BLOCKS 4
+#endif
+extern "C" __global__ void __launch_bounds__(THREADS, INTRA_BLOCKS) chunk_intra(const IntraParams P) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     float* Tm = (float*)smem_raw;          // [3][16][16] block-row temporaries
     float* gam = Tm + 3 * 256;             // [C] each below
