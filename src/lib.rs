@@ -93,13 +93,17 @@ impl Device {
         }
     }
 
-    /// A one-line description (`cpu (2 threads)`, `cuda:0 NVIDIA H200 (sm_90)`).
+    /// A one-line description (`cpu (2 threads, avx512)`, `cuda:0 NVIDIA H200 (sm_90)`): the
+    /// CPU's with the instruction set its kernels take ([`cpu::instruction_set`]).
     pub fn name(&self) -> String {
         match self {
-            Device::Cpu => match rayon::current_num_threads() {
-                1 => "cpu (1 thread)".to_string(),
-                n => format!("cpu ({n} threads)"),
-            },
+            Device::Cpu => {
+                let isa = cpu::instruction_set().name();
+                match rayon::current_num_threads() {
+                    1 => format!("cpu (1 thread, {isa})"),
+                    n => format!("cpu ({n} threads, {isa})"),
+                }
+            }
             Device::Cuda(d) => d.name(),
         }
     }

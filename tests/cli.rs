@@ -1525,3 +1525,58 @@ fn bench_decode_refuses_pools_it_cannot_hold() {
         assert!(stderr(&o).contains(needle), "{pool}: {}", stderr(&o));
     }
 }
+
+/// `DELTANET_CPU_ISA` lowers the CPU kernels' instruction set (named in the run's device line)
+/// and every set gives the same outputs to rounding (chunks of 32 without AVX-512).
+#[test]
+fn every_cpu_instruction_set_gives_the_same_outputs() {
+    let dir = scratch("isa");
+    let input = dir.join("in.safetensors");
+    std::fs::write(&input, varied_problem(300)).expect("write input");
+    let native = deltanet::cpu::instruction_set();
+    let mut outs = Vec::new();
+    for isa in ["avx512", "avx2", "portable"] {
+        let out = dir.join(format!("out-{isa}.safetensors"));
+        let o = Command::new(BIN)
+            .args(["run", "-i", input.to_str().expect("utf8"), "-o"])
+            .arg(&out)
+            .args(["--device", "cpu"])
+            .env("DELTANET_CPU_ISA", isa)
+            .output()
+            .expect("run");
+        assert!(o.status.success(), "{}", stderr(&o));
+        // Lowered where the CPU has more; never raised above what it has.
+        let want = match isa {
+            "portable" => deltanet::cpu::Isa::Portable,
+            "avx2" => native.min(deltanet::cpu::Isa::Avx2),
+            _ => native,
+        };
+        assert!(
+            stderr(&o).contains(&format!(", {})", want.name())),
+            "{isa}: {}",
+            stderr(&o)
+        );
+        let ts = read_st(&out);
+        outs.push((
+            isa,
+            f32s(&find(&ts, "o").3),
+            f32s(&find(&ts, "final_state").3),
+        ));
+    }
+    let rel = |a: &[f32], b: &[f32]| {
+        let (mut d, mut n) = (0f64, 0f64);
+        for (x, y) in a.iter().zip(b) {
+            d += (f64::from(*x) - f64::from(*y)).powi(2);
+            n += f64::from(*y).powi(2);
+        }
+        (d / n).sqrt()
+    };
+    for (isa, o, s) in &outs[1..] {
+        assert_eq!(o.len(), outs[0].1.len());
+        let (eo, es) = (rel(o, &outs[0].1), rel(s, &outs[0].2));
+        assert!(
+            eo <= 1e-5 && es <= 1e-5,
+            "{isa}: o {eo:.2e}, final state {es:.2e}"
+        );
+    }
+}

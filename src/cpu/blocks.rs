@@ -125,14 +125,14 @@ impl Decays {
     pub(crate) fn pairs(&self, out: &mut [f32]) {
         let n = self.len();
         #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-        if super::kernel::have_avx512() {
-            // SAFETY: AVX-512F was just detected; the kernel checks the lengths.
+        if super::use_avx512() {
+            // SAFETY: AVX-512F is present; the kernel checks the lengths.
             unsafe { super::kernel::pairs_avx512(&self.gamma, &self.lo, &self.seg, out) };
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if super::kernel_avx2::have_avx2_fma() {
-            // SAFETY: AVX2 and FMA were just detected; the kernel checks the lengths.
+        if super::use_avx2() {
+            // SAFETY: AVX2 and FMA are present; the kernel checks the lengths.
             unsafe { super::kernel_avx2::pairs_avx2(&self.gamma, &self.lo, &self.seg, out) };
             return;
         }
@@ -222,11 +222,11 @@ type Kernel = unsafe fn(&Operands);
 #[allow(unreachable_code)]
 fn product_kernel() -> Option<Kernel> {
     #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-    if super::kernel::have_avx512() {
+    if super::use_avx512() {
         return Some(super::kernel::gemm_avx512 as Kernel);
     }
     #[cfg(target_arch = "x86_64")]
-    if super::kernel_avx2::have_avx2_fma() {
+    if super::use_avx2() {
         return Some(super::kernel_avx2::gemm_avx2 as Kernel);
     }
     None
@@ -432,14 +432,14 @@ pub(crate) fn transpose(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
     let x = &x[..rows * cols];
     let out = &mut out[..rows * cols];
     #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-    if super::kernel::have_avx512() {
-        // SAFETY: AVX-512F was just detected; both slices hold rows x cols elements.
+    if super::use_avx512() {
+        // SAFETY: AVX-512F is present; both slices hold rows x cols elements.
         unsafe { super::kernel::transpose_avx512(x, rows, cols, out) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx") {
-        // SAFETY: AVX was just detected; both slices hold rows x cols elements.
+    if super::use_avx2() {
+        // SAFETY: AVX is present (AVX2 is); both slices hold rows x cols elements.
         unsafe { super::kernel_avx2::transpose_avx(x, rows, cols, out) };
         return;
     }
@@ -522,7 +522,7 @@ impl RowWriter {
         let _ = bytes;
         RowWriter {
             #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-            streaming: bytes >= STREAM_MIN_BYTES && super::kernel::have_avx512(),
+            streaming: bytes >= STREAM_MIN_BYTES && super::use_avx512(),
         }
     }
 

@@ -46,14 +46,82 @@ use crate::host::HostIo;
 use crate::options::Options;
 use crate::problem::{Inputs, Problem};
 
+/// The instruction sets the CPU kernels are written for, narrowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Plain Rust (the compiler's own vectorisation; `mul_add` where the target has FMA).
+    Portable,
+    /// x86-64 AVX2 with FMA.
+    Avx2,
+    /// x86-64 AVX-512F (where the compiler has its intrinsics).
+    Avx512,
+}
+
+impl Isa {
+    /// `portable`, `avx2` or `avx512`: the names `DELTANET_CPU_ISA` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+}
+
+/// The instruction set the CPU kernels take in this process: the widest this build and CPU
+/// have, lowered to `DELTANET_CPU_ISA` (`avx2` or `portable`) where that is set (read once; a
+/// value naming a wider set than the CPU has, or an unknown one, lowers nothing).
+///
+/// Lowering it runs the kernels a CPU without the wider set would run (every path stays
+/// exact; the AVX2 and AVX-512 ones give the same bits where their docs say so), so that one
+/// machine can test and time them all.
+///
+/// ```
+/// let isa = deltanet::cpu::instruction_set();
+/// assert!(isa >= deltanet::cpu::Isa::Portable);
+/// println!("the CPU kernels take {}", isa.name());
+/// ```
+pub fn instruction_set() -> Isa {
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        let cap = match std::env::var("DELTANET_CPU_ISA").as_deref() {
+            Ok("portable") => Isa::Portable,
+            Ok("avx2") => Isa::Avx2,
+            _ => Isa::Avx512,
+        };
+        detected_isa().min(cap)
+    })
+}
+
+/// The widest instruction set this build and CPU have.
+fn detected_isa() -> Isa {
+    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+    if kernel::have_avx512() {
+        return Isa::Avx512;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kernel_avx2::have_avx2_fma() {
+        return Isa::Avx2;
+    }
+    Isa::Portable
+}
+
+/// Whether the AVX-512 kernels are taken ([`instruction_set`]).
+#[inline]
+pub(crate) fn use_avx512() -> bool {
+    instruction_set() == Isa::Avx512
+}
+
+/// Whether the AVX2 + FMA kernels (or wider) may be taken ([`instruction_set`]).
+#[inline]
+pub(crate) fn use_avx2() -> bool {
+    instruction_set() >= Isa::Avx2
+}
+
 /// Whether this build and CPU take the AVX-512 kernels (products, decode step), for the choices
 /// measured per instruction set.
 pub(crate) fn avx512_kernels() -> bool {
-    #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-    if kernel::have_avx512() {
-        return true;
-    }
-    false
+    use_avx512()
 }
 
 /// Runs `f(task)` for every task in `0..n`: on rayon's pool, or for a `step` (one of a loop's

@@ -160,14 +160,14 @@ pub(crate) struct Token<'a, 'r> {
 /// those of the others.
 pub(crate) fn token_step(t: &mut Token<'_, '_>) {
     #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-    if crate::cpu::kernel::have_avx512() {
-        // SAFETY: AVX-512F was just detected.
+    if crate::cpu::use_avx512() {
+        // SAFETY: AVX-512F is present.
         return unsafe { token_step_avx512(t) };
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: AVX2 and FMA were just detected.
+        if crate::cpu::use_avx2() {
+            // SAFETY: AVX2 and FMA are present.
             return unsafe { token_step_avx2(t) };
         }
     }
@@ -477,13 +477,13 @@ fn update_row<const B: usize, const FMA: bool>(
 /// (measured on an AVX2 host only; the AVX-512 form is unchanged).
 pub(crate) fn token_steps(tokens: &mut [Token<'_, '_>], fetch: bool) {
     #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-    if crate::cpu::kernel::have_avx512() && tokens.iter().all(|t| t.u.len() == 128) {
-        // SAFETY: AVX-512F was just detected.
+    if crate::cpu::use_avx512() && tokens.iter().all(|t| t.u.len() == 128) {
+        // SAFETY: AVX-512F is present.
         return unsafe { token_steps_avx512(tokens) };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        // SAFETY: AVX2 and FMA were just detected.
+    if crate::cpu::use_avx2() {
+        // SAFETY: AVX2 and FMA are present.
         return unsafe { token_steps_avx2(tokens, fetch) };
     }
     tokens.iter_mut().for_each(token_step);
@@ -593,14 +593,14 @@ pub(crate) struct VTile<'a> {
 /// the bit.
 pub(crate) fn v_tile_step(t: &mut VTile<'_>) {
     #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-    if crate::cpu::kernel::have_avx512() {
-        // SAFETY: AVX-512F was just detected.
+    if crate::cpu::use_avx512() {
+        // SAFETY: AVX-512F is present.
         return unsafe { v_tile_step_avx512(t) };
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: AVX2 and FMA were just detected.
+        if crate::cpu::use_avx2() {
+            // SAFETY: AVX2 and FMA are present.
             return unsafe { v_tile_step_avx2(t) };
         }
     }

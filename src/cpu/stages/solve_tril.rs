@@ -10,14 +10,14 @@ use crate::problem::Problem;
 /// of the inverse is nonzero only in columns `0..=l`, so each step touches a triangle.
 pub(crate) fn solve_tril_block(a: &[f32], n: usize, a_inv: &mut [f32]) {
     #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
-    if n <= 64 && crate::cpu::kernel::have_avx512() {
-        // SAFETY: AVX-512F was just detected and n <= 64; the kernel checks the lengths.
+    if n <= 64 && crate::cpu::use_avx512() {
+        // SAFETY: AVX-512F is present and n <= 64; the kernel checks the lengths.
         unsafe { crate::cpu::kernel::solve_tril_avx512(a, n, a_inv) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if n <= 64 && crate::cpu::kernel_avx2::have_avx2_fma() {
-        // SAFETY: AVX2 and FMA were just detected and n <= 64; the kernel checks the lengths.
+    if n <= 64 && crate::cpu::use_avx2() {
+        // SAFETY: AVX2 and FMA are present and n <= 64; the kernel checks the lengths.
         unsafe { crate::cpu::kernel_avx2::solve_tril_avx2(a, n, a_inv) };
         return;
     }

@@ -647,7 +647,8 @@ impl Tuning {
             intra_doubling: flag("DELTANET_FUSED_DOUBLING"),
             intra_doubling_mma: flag("DELTANET_FUSED_DOUBLINGMMA"),
             p_in_rec: flag("DELTANET_FUSED_PINREC"),
-            intra_blocks: num("DELTANET_FUSED_INTRABLOCKS").and_then(|b: usize| u32::try_from(b).ok()),
+            intra_blocks: num("DELTANET_FUSED_INTRABLOCKS")
+                .and_then(|b: usize| u32::try_from(b).ok()),
         }
     }
 }
