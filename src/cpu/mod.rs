@@ -157,9 +157,18 @@ pub(crate) fn step_share(n: usize) -> usize {
 
 /// The size of the last-level data cache in bytes, as Linux's sysfs gives it for cpu0 (the
 /// highest level that is not an instruction cache); 32 MiB where it cannot be read.
+/// `DELTANET_CPU_LLC` (`32M`, `32768K` or bytes; read once) sets it instead: a virtual machine
+/// may report its host's whole cache, of which it gets only a share, and a machine can so time
+/// the choices a smaller cache makes.
 pub(crate) fn last_level_cache() -> usize {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *BYTES.get_or_init(|| {
+        if let Some(b) = std::env::var("DELTANET_CPU_LLC")
+            .ok()
+            .and_then(|s| cache_size(&s))
+        {
+            return b;
+        }
         let read = |i: usize, what: &str| {
             std::fs::read_to_string(format!(
                 "/sys/devices/system/cpu/cpu0/cache/index{i}/{what}"
