@@ -4,6 +4,8 @@
 # `deltanet bench --device cpu`, interleaved round by round at 2 and 1 threads; prints each
 # round's medians and the ratios (llama.cpp's time over ours).
 # Usage: dev/cpu_vs_llama.sh [ROUNDS] [DELTANET_BINARY]
+# DECODE_ARGS adds arguments to deltanet's decode runs (`--state-v-first`: llama.cpp's layout);
+# GGML_ANCHOR names another harness build (one for AVX2: NOTES-CPU.md, thirtieth stop).
 set -euo pipefail
 ROUNDS=${1:-2}
 B=${2:-target/release/deltanet}
@@ -20,8 +22,8 @@ for round in $(seq 1 "$ROUNDS"); do
     lp=$(pick "prefill T=4096"); l1=$(pick "decode N=1 "); l16=$(pick "decode N=16")
     run() { RAYON_NUM_THREADS=$th "$B" bench --device cpu --dtype f32 "$@" | median; }
     dp=$(run --work prefill --repeats 7)
-    d1=$(run --work decode --shape 1,1,16,32,128,128 --repeats 1000 --warmup 50)
-    d16=$(run --work decode --shape 16,1,16,32,128,128 --repeats 100 --warmup 10)
+    d1=$(run --work decode ${DECODE_ARGS:-} --shape 1,1,16,32,128,128 --repeats 1000 --warmup 50)
+    d16=$(run --work decode ${DECODE_ARGS:-} --shape 16,1,16,32,128,128 --repeats 100 --warmup 10)
     echo "round $round, $th threads, load $(cut -d' ' -f1 /proc/loadavg):"
     for w in "prefill T=4096:$lp:$dp" "decode N=1:$l1:$d1" "decode N=16:$l16:$d16"; do
       IFS=: read -r name l d <<<"$w"

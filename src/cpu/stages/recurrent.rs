@@ -586,8 +586,11 @@ pub(crate) struct VTile<'a> {
 
 /// Advances one [`VTile`]. Each row's sums take its K values in sixteen interleaved partial sums
 /// (lane l: the values at l, l + 16, ..., one multiply-add each, in order) combined in a fixed
-/// tree, written so that the compiler keeps a lane a vector lane: the same bits with AVX-512
-/// (one register a sum), AVX2 (two) and the portable build with FMA. `u` and `o` follow the
+/// tree (a vector reduction's halvings): the same bits with AVX-512 (one register a sum, k and
+/// q held in registers; K = 128), AVX2 (two registers a sum; K a multiple of 16) and the
+/// portable build with FMA (every other K). The intrinsic forms replaced the compiler's
+/// vectorisation of the portable lanes, which reduced the lanes through the stack: N=1 0.050 ->
+/// NOTE ms at two threads (NOTES-CPU.md, thirtieth stop). `u` and `o` follow the
 /// K-major step's formula ([`u_and_o`]) and so does each element's update; only the order of
 /// the column sums differs from [`token_step`], so the two layouts agree to rounding, not to
 /// the bit.
@@ -614,7 +617,79 @@ pub(crate) fn v_tile_step(t: &mut VTile<'_>) {
 #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
 #[target_feature(enable = "avx512f")]
 unsafe fn v_tile_step_avx512(t: &mut VTile<'_>) {
-    v_tile_rows::<true>(t)
+    use std::arch::x86_64::*;
+    if t.k.len() != 128 {
+        return v_tile_rows::<true>(t);
+    }
+    let VTile {
+        rows,
+        src,
+        k,
+        q,
+        v,
+        decay,
+        beta,
+        scale,
+        o,
+        next,
+    } = t;
+    let (kdim, w) = (128, v.len());
+    let (decay, beta, scale) = (*decay, *beta, *scale);
+    let kq = dot_fma::<true>(k, q);
+    // k and q in sixteen registers for the whole tile: lane l of register j holds element
+    // 16 j + l, the lane layout of `v_tile_rows`.
+    // SAFETY (the loads below): k and q hold 128 values, each row of `rows` and `src` 128.
+    let kv: [__m512; 8] = std::array::from_fn(|j| unsafe { _mm512_loadu_ps(k.as_ptr().add(16 * j)) });
+    let qv: [__m512; 8] = std::array::from_fn(|j| unsafe { _mm512_loadu_ps(q.as_ptr().add(16 * j)) });
+    let dec = _mm512_set1_ps(decay);
+    for i in 0..w {
+        if let Some(p) = next {
+            prefetch_row(p.wrapping_add(i * kdim), kdim);
+        }
+        // The row written, and the row read (the source's, else the same row).
+        let out = rows[i * kdim..][..kdim].as_mut_ptr();
+        let x: *const f32 = match src {
+            Some(s) => s[i * kdim..][..kdim].as_ptr(),
+            None => out,
+        };
+        let (mut a, mut b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for j in 0..8 {
+            // SAFETY: as above.
+            let xs = unsafe { _mm512_loadu_ps(x.add(16 * j)) };
+            a = _mm512_fmadd_ps(kv[j], xs, a);
+            b = _mm512_fmadd_ps(qv[j], xs, b);
+        }
+        let lanes = |r: __m512| {
+            let lo = _mm512_castps512_ps256(r);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r), 1));
+            lane_sum8(_mm256_add_ps(lo, hi))
+        };
+        let (u, oc) = u_and_o::<true>(lanes(a), lanes(b), v[i], decay, beta, scale, kq);
+        o[i] = oc;
+        let uv = _mm512_set1_ps(u);
+        for j in 0..8 {
+            // SAFETY: as above; `x` is the source row or this same row, read before written.
+            unsafe {
+                let y = _mm512_loadu_ps(x.add(16 * j));
+                _mm512_storeu_ps(out.add(16 * j), _mm512_fmadd_ps(kv[j], uv, _mm512_mul_ps(dec, y)));
+            }
+        }
+    }
+}
+
+/// [`lane_sum`]'s tree from its first level on: `s8[l] = a[l] + a[l + 8]` given, then
+/// `s8[l] + s8[l + 4]`, then `(s4[0] + s4[2]) + (s4[1] + s4[3])`.
+///
+/// # Safety
+/// The CPU must support AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+unsafe fn lane_sum8(s8: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)))
 }
 
 /// [`v_tile_step`] compiled for AVX2 with FMA.
@@ -624,7 +699,67 @@ unsafe fn v_tile_step_avx512(t: &mut VTile<'_>) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn v_tile_step_avx2(t: &mut VTile<'_>) {
-    v_tile_rows::<true>(t)
+    use std::arch::x86_64::*;
+    let kdim = t.k.len();
+    if kdim % LANES != 0 {
+        return v_tile_rows::<true>(t);
+    }
+    let VTile {
+        rows,
+        src,
+        k,
+        q,
+        v,
+        decay,
+        beta,
+        scale,
+        o,
+        next,
+    } = t;
+    let w = v.len();
+    let (decay, beta, scale) = (*decay, *beta, *scale);
+    let kq = dot_fma::<true>(k, q);
+    let dec = _mm256_set1_ps(decay);
+    let (kp, qp) = (k.as_ptr(), q.as_ptr());
+    for i in 0..w {
+        if let Some(p) = next {
+            prefetch_row(p.wrapping_add(i * kdim), kdim);
+        }
+        // The row written, and the row read (the source's, else the same row).
+        let out = rows[i * kdim..][..kdim].as_mut_ptr();
+        let x: *const f32 = match src {
+            Some(s) => s[i * kdim..][..kdim].as_ptr(),
+            None => out,
+        };
+        // Lanes 0..8 and 8..16 of `v_tile_rows`'s sixteen, in two registers each.
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let (mut b0, mut b1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for j in (0..kdim).step_by(LANES) {
+            // SAFETY: k, q and the row hold kdim values, a multiple of 16.
+            unsafe {
+                let (x0, x1) = (_mm256_loadu_ps(x.add(j)), _mm256_loadu_ps(x.add(j + 8)));
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(j)), x0, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(j + 8)), x1, a1);
+                b0 = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j)), x0, b0);
+                b1 = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j + 8)), x1, b1);
+            }
+        }
+        let (sa, sb) = (
+            lane_sum8(_mm256_add_ps(a0, a1)),
+            lane_sum8(_mm256_add_ps(b0, b1)),
+        );
+        let (u, oc) = u_and_o::<true>(sa, sb, v[i], decay, beta, scale, kq);
+        o[i] = oc;
+        let uv = _mm256_set1_ps(u);
+        for j in (0..kdim).step_by(8) {
+            // SAFETY: as above; `x` is the source row or this same row, read before written.
+            unsafe {
+                let y = _mm256_loadu_ps(x.add(j));
+                let r = _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(j)), uv, _mm256_mul_ps(dec, y));
+                _mm256_storeu_ps(out.add(j), r);
+            }
+        }
+    }
 }
 
 /// Lanes of [`v_tile_step`]'s partial sums.
@@ -903,6 +1038,66 @@ mod tests {
                     (bits(&state), bits(&u), bits(&o))
                 };
                 assert_eq!(run(true), run(false), "K {kdim} V {w} from_src {from_src}");
+            }
+        }
+    }
+
+    /// The V-major step's instruction-set forms give the portable lanes' bits (with FMA), in
+    /// place and from a separate source, for K = 128 (every form), other multiples of 16 (AVX2)
+    /// and others (the portable lanes everywhere).
+    #[test]
+    fn v_tile_forms_give_the_bits_of_the_portable_lanes() {
+        let mut seed = 11u32;
+        let mut rnd = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        #[allow(clippy::type_complexity)]
+        let mut forms: Vec<(&str, unsafe fn(&mut VTile<'_>))> = Vec::new();
+        #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
+        if crate::cpu::kernel::have_avx512() {
+            forms.push(("avx512", v_tile_step_avx512));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu::kernel_avx2::have_avx2_fma() {
+            forms.push(("avx2", v_tile_step_avx2));
+        }
+        for (kdim, w) in [(128, 64), (128, 1), (64, 5), (48, 17), (20, 3), (1, 2)] {
+            for from_src in [false, true] {
+                let rows0: Vec<f32> = (0..kdim * w).map(|_| rnd()).collect();
+                let src: Vec<f32> = (0..kdim * w).map(|_| rnd()).collect();
+                let (k, q, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+                    (0..kdim).map(|_| rnd()).collect(),
+                    (0..kdim).map(|_| rnd()).collect(),
+                    (0..w).map(|_| rnd()).collect(),
+                );
+                let run = |form: Option<unsafe fn(&mut VTile<'_>)>| {
+                    let mut rows = rows0.clone();
+                    let mut o = vec![0f32; w];
+                    let mut t = VTile {
+                        rows: &mut rows,
+                        src: from_src.then_some(&src[..]),
+                        k: &k,
+                        q: &q,
+                        v: &v,
+                        decay: 0.93,
+                        beta: 0.7,
+                        scale: 0.3,
+                        o: &mut o,
+                        next: Some(src.as_ptr()),
+                    };
+                    match form {
+                        // SAFETY: the forms listed are the ones this CPU supports.
+                        Some(f) => unsafe { f(&mut t) },
+                        None => v_tile_rows::<true>(&mut t),
+                    }
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    (bits(&rows), bits(&o))
+                };
+                let want = run(None);
+                for (name, f) in &forms {
+                    assert_eq!(run(Some(*f)), want, "{name}: K {kdim} V {w} from_src {from_src}");
+                }
             }
         }
     }
