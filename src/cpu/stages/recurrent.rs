@@ -589,8 +589,9 @@ pub(crate) struct VTile<'a> {
 /// tree (a vector reduction's halvings): the same bits with AVX-512 (one register a sum, k and
 /// q held in registers; K = 128), AVX2 (two registers a sum; K a multiple of 16) and the
 /// portable build with FMA (every other K). The intrinsic forms replaced the compiler's
-/// vectorisation of the portable lanes, which reduced the lanes through the stack: N=1 0.050 ->
-/// NOTE ms at two threads (NOTES-CPU.md, thirtieth stop). `u` and `o` follow the
+/// vectorisation of the portable lanes (which went through the stack for the reduction): at
+/// two threads N=1 0.042 -> 0.024 ms with AVX-512, 0.049 -> 0.036 with AVX2; N=16 0.92-0.98 ->
+/// 0.72-0.78 and 0.98-1.01 -> 0.86-0.89 (NOTES-CPU.md, thirtieth stop). `u` and `o` follow the
 /// K-major step's formula ([`u_and_o`]) and so does each element's update; only the order of
 /// the column sums differs from [`token_step`], so the two layouts agree to rounding, not to
 /// the bit.
@@ -616,6 +617,8 @@ pub(crate) fn v_tile_step(t: &mut VTile<'_>) {
 /// The CPU must support AVX-512F.
 #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
 #[target_feature(enable = "avx512f")]
+// Compiled only where the AVX-512 intrinsics are stable (build.rs), whatever the rust-version.
+#[clippy::msrv = "1.89"]
 unsafe fn v_tile_step_avx512(t: &mut VTile<'_>) {
     use std::arch::x86_64::*;
     if t.k.len() != 128 {
@@ -639,8 +642,10 @@ unsafe fn v_tile_step_avx512(t: &mut VTile<'_>) {
     // k and q in sixteen registers for the whole tile: lane l of register j holds element
     // 16 j + l, the lane layout of `v_tile_rows`.
     // SAFETY (the loads below): k and q hold 128 values, each row of `rows` and `src` 128.
-    let kv: [__m512; 8] = std::array::from_fn(|j| unsafe { _mm512_loadu_ps(k.as_ptr().add(16 * j)) });
-    let qv: [__m512; 8] = std::array::from_fn(|j| unsafe { _mm512_loadu_ps(q.as_ptr().add(16 * j)) });
+    let kv: [__m512; 8] =
+        std::array::from_fn(|j| unsafe { _mm512_loadu_ps(k.as_ptr().add(16 * j)) });
+    let qv: [__m512; 8] =
+        std::array::from_fn(|j| unsafe { _mm512_loadu_ps(q.as_ptr().add(16 * j)) });
     let dec = _mm512_set1_ps(decay);
     for i in 0..w {
         if let Some(p) = next {
@@ -653,11 +658,11 @@ unsafe fn v_tile_step_avx512(t: &mut VTile<'_>) {
             None => out,
         };
         let (mut a, mut b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        for j in 0..8 {
+        for (j, (&kj, &qj)) in kv.iter().zip(&qv).enumerate() {
             // SAFETY: as above.
             let xs = unsafe { _mm512_loadu_ps(x.add(16 * j)) };
-            a = _mm512_fmadd_ps(kv[j], xs, a);
-            b = _mm512_fmadd_ps(qv[j], xs, b);
+            a = _mm512_fmadd_ps(kj, xs, a);
+            b = _mm512_fmadd_ps(qj, xs, b);
         }
         let lanes = |r: __m512| {
             let lo = _mm512_castps512_ps256(r);
@@ -667,11 +672,14 @@ unsafe fn v_tile_step_avx512(t: &mut VTile<'_>) {
         let (u, oc) = u_and_o::<true>(lanes(a), lanes(b), v[i], decay, beta, scale, kq);
         o[i] = oc;
         let uv = _mm512_set1_ps(u);
-        for j in 0..8 {
+        for (j, &kj) in kv.iter().enumerate() {
             // SAFETY: as above; `x` is the source row or this same row, read before written.
             unsafe {
                 let y = _mm512_loadu_ps(x.add(16 * j));
-                _mm512_storeu_ps(out.add(16 * j), _mm512_fmadd_ps(kv[j], uv, _mm512_mul_ps(dec, y)));
+                _mm512_storeu_ps(
+                    out.add(16 * j),
+                    _mm512_fmadd_ps(kj, uv, _mm512_mul_ps(dec, y)),
+                );
             }
         }
     }
@@ -1096,7 +1104,11 @@ mod tests {
                 };
                 let want = run(None);
                 for (name, f) in &forms {
-                    assert_eq!(run(Some(*f)), want, "{name}: K {kdim} V {w} from_src {from_src}");
+                    assert_eq!(
+                        run(Some(*f)),
+                        want,
+                        "{name}: K {kdim} V {w} from_src {from_src}"
+                    );
                 }
             }
         }
