@@ -558,7 +558,7 @@ fn cpu_decode_in_pool(
     // task there cost 3 % more than runs of several (each run's vectors): NOTES-CPU.md.
     let tasks = n * hv * tiles;
     let states = 4 * n * hv * kv;
-    let fits_cache = crate::cpu::avx512_kernels()
+    let fits_cache = crate::cpu::use_avx512()
         && states > 8 << 20
         && 2 * states <= 3 * crate::cpu::last_level_cache();
     let per_run = if t == 1 {

@@ -294,7 +294,7 @@ pub fn computed_chunk_size(p: &Problem, opts: &Options) -> usize {
             .and_then(|v| v.parse().ok())
             .filter(|bt| crate::options::CHUNK_SIZES.contains(bt))
     });
-    let chosen = from_env.unwrap_or(if super::avx512_kernels() {
+    let chosen = from_env.unwrap_or(if super::use_avx512() {
         p.chunk_size()
     } else {
         32

@@ -118,12 +118,6 @@ pub(crate) fn use_avx2() -> bool {
     instruction_set() >= Isa::Avx2
 }
 
-/// Whether this build and CPU take the AVX-512 kernels (products, decode step), for the choices
-/// measured per instruction set.
-pub(crate) fn avx512_kernels() -> bool {
-    use_avx512()
-}
-
 /// Runs `f(task)` for every task in `0..n`: on rayon's pool, or for a `step` (one of a loop's
 /// calls back to back, as a model's decode steps) on the calling thread and the helper threads
 /// that poll between steps ([`helpers`]; the calling thread alone with a pool of one thread).

@@ -811,7 +811,7 @@ fn regs_config_for(
         intra_doubling: tuning.intra_doubling.unwrap_or(true),
         intra_doubling_mma: false,
         p_in_rec: false,
-        intra_blocks: INTRA_BLOCKS,
+        intra_blocks: intra_blocks(tuning),
     };
     cfg.intra_doubling_mma = cfg.intra_doubling && tuning.intra_doubling_mma.unwrap_or(true);
     // The warpgroup products wherever they apply (the plain kernel on an sm_90 GPU; whole
@@ -859,7 +859,6 @@ fn regs_config_for(
             cfg = with;
         }
     }
-    cfg.intra_blocks = intra_blocks(tuning);
     (cfg.shared_bytes(Kernel::ChunkRecurrentRegs) <= max).then_some(cfg)
 }
 
