@@ -295,6 +295,11 @@ fn tunings() -> Vec<fused::Tuning> {
             intra_blocks: Some(5),
             ..Tuning::default()
         },
+        // The recurrent kernel capped at 192 registers a thread.
+        Tuning {
+            rec_regs: Some(192),
+            ..Tuning::default()
+        },
     ]
 }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # chunk_intra's register budget (`DELTANET_FUSED_INTRABLOCKS` = 3, 4, 5 blocks an SM: 80, 64, 48
-# registers; offline, the fast module spills 372 bytes at 5, the exact one none): chunk_intra alone
-# and the forward, both precisions, B=8 T=8192, interleaved, two rounds; then fused_equals (its
-# tunings include 3 and 5). On an H200 first issue 8's bar (callCI.sh's issue shapes beside FLA)
+# registers; offline, the fast module spills 372 bytes at 5, the exact one none) and the
+# recurrent kernel capped at 192 registers (`DELTANET_FUSED_RECREGS=192`; no spills offline):
+# each kernel alone and the forward, both precisions, B=8 T=8192, interleaved, two rounds; then
+# fused_equals (its tunings include both). On an H200 first issue 8's bar (callCI.sh's issue shapes beside FLA)
 # and its time per token last; on another card FLA at B=8 beside the forwards (callCL.sh's anchor).
 # Staging: dev/device/stage.sh; run(command="bash .dev/all/callCM.sh",
 #   carry=[".dev/all", ".gpu/fla", ".gpu/anchors.py", ".gpu/vectors"])
@@ -17,17 +18,26 @@ if [ $H200 = 1 ]; then
 fi
 TAG=cm; R=$OUT/$TAG; mkdir -p $R
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt 2>&1; cat $R/gpu.txt
-# ib LABEL ARGS...: the three budgets interleaved, two rounds.
-ib() {
-  local tag=$1 r n; shift
-  for r in 1 2; do for n in 4 3 5; do
-    DELTANET_FUSED_INTRABLOCKS=$n pbin deltanet "ib$n $tag" "$@"
-  done; done
+# v VARIANT LABEL ARGS...: one bench line with a variant's setting: base (none), ib3 and ib5
+# (chunk_intra's register budget), r192 (the recurrent kernel capped at 192 registers: it compiles
+# in 192 without spills and would leave room for a chunk_intra block or a producer warpgroup).
+v() {
+  local var=$1 tag=$2; shift 2
+  case $var in
+    base) pbin deltanet "base $tag" "$@" ;;
+    ib3) DELTANET_FUSED_INTRABLOCKS=3 pbin deltanet "ib3 $tag" "$@" ;;
+    ib5) DELTANET_FUSED_INTRABLOCKS=5 pbin deltanet "ib5 $tag" "$@" ;;
+    r192) DELTANET_FUSED_RECREGS=192 pbin deltanet "r192 $tag" "$@" ;;
+  esac
 }
 {
-  for P in fast exact; do
-    DELTANET_FUSED_ONLY=intra ib "intra-only $P B=8" --precision $P --shape 8,8192,16,32,128,128 --repeats 20
-    ib "$P B=8" --precision $P --shape 8,8192,16,32,128,128 --repeats 20
+  for r in 1 2; do
+    for P in fast exact; do
+      S="--precision $P --shape 8,8192,16,32,128,128 --repeats 20"
+      for x in base ib3 ib5; do DELTANET_FUSED_ONLY=intra v $x "intra-only $P B=8" $S; done
+      for x in base r192; do DELTANET_FUSED_ONLY=recurrent v $x "recurrent-only $P B=8" $S; done
+      for x in base ib3 ib5 r192; do v $x "$P B=8" $S; done
+    done
   done
 } 2>&1 | tee $R/ab.txt
 pack

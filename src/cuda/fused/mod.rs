@@ -158,6 +158,9 @@ pub struct Config {
     /// `chunk_intra`'s blocks an SM that its register budget is compiled for
     /// (`__launch_bounds__(256, INTRA_BLOCKS)`: 64 registers a thread at 4).
     pub intra_blocks: u32,
+    /// `chunk_recurrent_regs`'s registers a thread at most (`__maxnreg__(REC_REGS)`), or 0 for
+    /// the compiler's choice under `__launch_bounds__(threads, 1)` (up to 255).
+    pub rec_regs: u32,
 }
 
 impl Config {
@@ -168,7 +171,7 @@ impl Config {
              #define NBUF {}\n#define FUSED_WIDE {}\n#define RTHREADS {}\n#define PLANES {}\n#define PIECES {}\n\
              #define SPLIT_OUT {}\n#define OUT_T {}\n#define KSPLIT {}\n#define HBUF {}\n#define LATE_PLANES {}\n\
              #define ROW_SKIP {}\n#define WGMMA {}\n#define WG_TRI {}\n#define INTRA_DIAG {}\n\
-             #define INTRA_DOUBLING {}\n#define INTRA_DOUBLING_MMA {}\n#define P_IN_REC {}\n#define INTRA_BLOCKS {}\n",
+             #define INTRA_DOUBLING {}\n#define INTRA_DOUBLING_MMA {}\n#define P_IN_REC {}\n#define INTRA_BLOCKS {}\n#define REC_REGS {}\n",
             self.dk,
             self.dv,
             self.vt,
@@ -192,6 +195,7 @@ impl Config {
             i32::from(self.intra_doubling_mma),
             i32::from(self.p_in_rec),
             self.intra_blocks,
+            self.rec_regs,
         )
     }
 
@@ -358,6 +362,7 @@ pub fn standard_configs() -> Vec<Config> {
         intra_doubling_mma: false,
         p_in_rec: false,
         intra_blocks: INTRA_BLOCKS,
+        rec_regs: 0,
     };
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -456,6 +461,26 @@ pub fn standard_configs() -> Vec<Config> {
         intra_doubling: true,
         ..config(64, 128, 64, DType::BF16, 2, false)
     });
+    // Both precisions' 128-column kernels capped at 192 registers a thread (`rec_regs`), and
+    // chunk_intra compiled for five blocks an SM (`intra_blocks`): the tunings whose registers
+    // and spills the offline modules show.
+    for pieces in [1, 3] {
+        v.push(Config {
+            regs: true,
+            pieces,
+            late_planes: true,
+            wgmma: true,
+            wg_tri: true,
+            out: DType::BF16,
+            intra_diag: true,
+            intra_doubling: true,
+            intra_doubling_mma: true,
+            p_in_rec: pieces == 3,
+            intra_blocks: 5,
+            rec_regs: 192,
+            ..config(128, 128, 128, DType::BF16, 2, false)
+        });
+    }
     // o written in bf16 by both recurrent kernels.
     v.push(Config {
         out: DType::BF16,
@@ -607,6 +632,9 @@ pub struct Tuning {
     pub p_in_rec: Option<bool>,
     /// `chunk_intra`'s blocks an SM compiled for (`Config::intra_blocks`: 3 to 5); by default 4.
     pub intra_blocks: Option<u32>,
+    /// `chunk_recurrent_regs`'s registers a thread at most (`Config::rec_regs`: 128 to 255); by
+    /// default the compiler's choice.
+    pub rec_regs: Option<u32>,
 }
 
 impl Tuning {
@@ -617,7 +645,7 @@ impl Tuning {
     /// `DELTANET_FUSED_BLOCKS`, `DELTANET_FUSED_ROWSKIP=0|1`, `DELTANET_FUSED_WGMMA=0|1`,
     /// `DELTANET_FUSED_WGTRI=0|1`, `DELTANET_FUSED_INTRADIAG=0|1`, `DELTANET_FUSED_DOUBLING=0|1`,
     /// `DELTANET_FUSED_DOUBLINGMMA=0|1`, `DELTANET_FUSED_PINREC=0|1`,
-    /// `DELTANET_FUSED_INTRABLOCKS`.
+    /// `DELTANET_FUSED_INTRABLOCKS`, `DELTANET_FUSED_RECREGS`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -649,6 +677,7 @@ impl Tuning {
             p_in_rec: flag("DELTANET_FUSED_PINREC"),
             intra_blocks: num("DELTANET_FUSED_INTRABLOCKS")
                 .and_then(|b: usize| u32::try_from(b).ok()),
+            rec_regs: num("DELTANET_FUSED_RECREGS").and_then(|b: usize| u32::try_from(b).ok()),
         }
     }
 }
@@ -700,6 +729,7 @@ fn config(dev: &CudaDevice, p: &Problem, opts: &Options, dtype: DType, tuning: &
         intra_doubling_mma: false,
         p_in_rec: false,
         intra_blocks: intra_blocks(tuning),
+        rec_regs: 0,
     };
     // Fit the recurrent kernel's shared memory: one stage buffer first, then 16-column tiles.
     if cfg.shared_bytes(Kernel::ChunkRecurrent) > dev.max_shared_per_block() {
@@ -812,6 +842,7 @@ fn regs_config_for(
         intra_doubling_mma: false,
         p_in_rec: false,
         intra_blocks: intra_blocks(tuning),
+        rec_regs: tuning.rec_regs.filter(|r| (128..=255).contains(r)).unwrap_or(0),
     };
     cfg.intra_doubling_mma = cfg.intra_doubling && tuning.intra_doubling_mma.unwrap_or(true);
     // The warpgroup products wherever they apply (the plain kernel on an sm_90 GPU; whole
@@ -872,7 +903,7 @@ fn intra_blocks(tuning: &Tuning) -> u32 {
 
 /// `chunk_intra`'s blocks an SM by default: 64 registers a thread, no spills; its shared
 /// memory would allow five.
-const INTRA_BLOCKS: u32 = 4;
+pub(crate) const INTRA_BLOCKS: u32 = 4;
 
 /// Share of short chunks (a sequence's last, under 64 rows) from which the plain recurrent
 /// kernel skips their empty row blocks by default. Measured on an H100 (NOTES-GPU.md, call BM:

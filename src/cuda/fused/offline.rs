@@ -125,7 +125,7 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
     {
         for kernel in cfg.kernels() {
             let name = format!(
-                "fused_{}_k{}_v{}_vt{}_{}{}{}{}{}{}{}{}{}{}{}{}",
+                "fused_{}_k{}_v{}_vt{}_{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
                 kernel.name(),
                 cfg.dk,
                 cfg.dv,
@@ -160,6 +160,16 @@ pub fn all_modules(arch: &str) -> Result<Vec<Module>> {
                 if cfg.intra_doubling { "_doubling" } else { "" },
                 if cfg.intra_doubling_mma { "_mma" } else { "" },
                 if cfg.p_in_rec { "_pinrec" } else { "" },
+                if cfg.intra_blocks == super::INTRA_BLOCKS {
+                    String::new()
+                } else {
+                    format!("_ib{}", cfg.intra_blocks)
+                },
+                if cfg.rec_regs == 0 {
+                    String::new()
+                } else {
+                    format!("_regs{}", cfg.rec_regs)
+                },
             );
             let text = format!("{}{COMMON}\n{MMA}\n{}", cfg.defines(), kernel.text());
             let target = cfg.target(arch);

@@ -492,7 +492,18 @@ __device__ __forceinline__ void qh_wait(float (&qacc)[NTT][4]) {
 }
 #endif
 
+// REC_REGS (0: the compiler's choice, up to 255 at one block an SM) caps the registers a thread
+// (`__maxnreg__`, which NVRTC takes only without `__launch_bounds__`).
+// The fast 128-column kernel takes 242 by choice and compiles in 192 without spills, which
+// leaves room beside it for a chunk_intra block (64 x 256) or a producer warpgroup.
+#ifndef REC_REGS
+#define REC_REGS 0
+#endif
+#if REC_REGS
+extern "C" __global__ void __maxnreg__(REC_REGS) chunk_recurrent_regs(const RecParams P) {
+#else
 extern "C" __global__ void __launch_bounds__(THREADS, 1) chunk_recurrent_regs(const RecParams P) {
+#endif
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const u16* __restrict__ q = (const u16*)P.q;
     const u16* __restrict__ k = (const u16*)P.k;
