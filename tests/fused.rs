@@ -300,6 +300,18 @@ fn tunings() -> Vec<fused::Tuning> {
             rec_regs: Some(192),
             ..Tuning::default()
         },
+        // Groups of sequences pipelined over two streams (where the sequence order allows),
+        // with the cap and one buffer of planes (the form whose blocks can share an SM).
+        Tuning {
+            groups: Some(2),
+            ..Tuning::default()
+        },
+        Tuning {
+            groups: Some(3),
+            rec_regs: Some(192),
+            late_planes: Some(true),
+            ..Tuning::default()
+        },
     ]
 }
 

@@ -60,7 +60,11 @@ fn all_kernels_compile_to_ptx_and_cubin_for_sm90_or_skip_without_nvrtc() {
             );
         }
         // A register cap reaches the PTX (`rec_regs`, `Config` in the module's name).
-        let cap = m.name.rsplit("_regs").next().and_then(|r| r.parse::<u32>().ok());
+        let cap = m
+            .name
+            .rsplit("_regs")
+            .next()
+            .and_then(|r| r.parse::<u32>().ok());
         if let Some(r) = cap {
             if m.name.starts_with("fused_chunk_recurrent_regs") {
                 assert!(

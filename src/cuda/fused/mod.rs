@@ -635,6 +635,12 @@ pub struct Tuning {
     /// `chunk_recurrent_regs`'s registers a thread at most (`Config::rec_regs`: 128 to 255); by
     /// default the compiler's choice.
     pub rec_regs: Option<u32>,
+    /// Groups of sequences pipelined over two streams (2..=8; off by default): chunk_intra of
+    /// group g + 1 beside the recurrent kernel of group g, where their blocks can share the SMs
+    /// (see [`pipeline_groups`]; whole sequences only, not with segments). It sets both
+    /// kernels' preferred shared-memory carve-out to the largest, which their later launches
+    /// in the process keep.
+    pub groups: Option<usize>,
 }
 
 impl Tuning {
@@ -645,7 +651,7 @@ impl Tuning {
     /// `DELTANET_FUSED_BLOCKS`, `DELTANET_FUSED_ROWSKIP=0|1`, `DELTANET_FUSED_WGMMA=0|1`,
     /// `DELTANET_FUSED_WGTRI=0|1`, `DELTANET_FUSED_INTRADIAG=0|1`, `DELTANET_FUSED_DOUBLING=0|1`,
     /// `DELTANET_FUSED_DOUBLINGMMA=0|1`, `DELTANET_FUSED_PINREC=0|1`,
-    /// `DELTANET_FUSED_INTRABLOCKS`, `DELTANET_FUSED_RECREGS`.
+    /// `DELTANET_FUSED_INTRABLOCKS`, `DELTANET_FUSED_RECREGS`, `DELTANET_FUSED_GROUPS`.
     pub fn from_env() -> Tuning {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
         let flag = |k: &str| {
@@ -678,6 +684,7 @@ impl Tuning {
             intra_blocks: num("DELTANET_FUSED_INTRABLOCKS")
                 .and_then(|b: usize| u32::try_from(b).ok()),
             rec_regs: num("DELTANET_FUSED_RECREGS").and_then(|b: usize| u32::try_from(b).ok()),
+            groups: num("DELTANET_FUSED_GROUPS"),
         }
     }
 }
@@ -842,7 +849,10 @@ fn regs_config_for(
         intra_doubling_mma: false,
         p_in_rec: false,
         intra_blocks: intra_blocks(tuning),
-        rec_regs: tuning.rec_regs.filter(|r| (128..=255).contains(r)).unwrap_or(0),
+        rec_regs: tuning
+            .rec_regs
+            .filter(|r| (128..=255).contains(r))
+            .unwrap_or(0),
     };
     cfg.intra_doubling_mma = cfg.intra_doubling && tuning.intra_doubling_mma.unwrap_or(true);
     // The warpgroup products wherever they apply (the plain kernel on an sm_90 GPU; whole
@@ -1243,7 +1253,31 @@ pub(crate) fn forward_with_tables(
     // Timing knob: DELTANET_FUSED_ONLY=intra or =recurrent launches one kernel alone (results
     // then wrong), to split the forward's time between the two.
     let only = std::env::var("DELTANET_FUSED_ONLY").unwrap_or_default();
-    if chunks > 0 && only != "recurrent" {
+    // The pipelined form (a tuning): groups of sequences, each group's chunk_intra on this
+    // stream and its recurrent launch on the second one after it, so that the next group's
+    // chunk_intra runs beside it.
+    let pipe = tuning
+        .groups
+        .filter(|g| (2..=8).contains(g) && seg.is_none() && only.is_empty() && chunks > 0)
+        .and_then(|g| pipeline_groups(p, g));
+    let intra_fn = function(dev, Kernel::ChunkIntra, &cfg)?;
+    if pipe.is_some() {
+        // Both kernels with the largest shared-memory carve-out, so that an SM running one can
+        // take a block of the other (an SM's carve-out changes only when it is idle).
+        let rec_fn = function(dev, cfg.recurrent(), &cfg)?;
+        for f in [&intra_fn, &rec_fn] {
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )
+            .map_err(cuda_err("setting the shared-memory carve-out"))?;
+        }
+    }
+    // chunk_intra over `count` chunks of the table from chunk `first`.
+    let launch_intra = |first: usize, count: usize| -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
         let ip = IntraParams {
             q: io.q,
             k: io.k,
@@ -1254,10 +1288,10 @@ pub(crate) fn forward_with_tables(
             a_inv,
             p: pbuf,
             scal,
-            chunk_start: t.chunks.start,
-            chunk_len: t.chunks.len,
+            chunk_start: t.chunks.start + 8 * first as u64,
+            chunk_len: t.chunks.len + 8 * first as u64,
             chunk_decay,
-            chunks: chunks as i64,
+            chunks: count as i64,
             h: p.heads() as i64,
             hv: hv as i64,
             scale: opts.scale_for(p.dk()),
@@ -1268,19 +1302,23 @@ pub(crate) fn forward_with_tables(
             gate_in_kernel: i32::from(opts.gate_in_kernel),
             beta_is_logits: i32::from(opts.beta_is_logits),
         };
-        let f = function(dev, Kernel::ChunkIntra, &cfg)?;
         let shared = cfg.shared_bytes(Kernel::ChunkIntra);
         // SAFETY: one by-value argument mirrored in chunk_intra.cu; every pointer holds its
-        // tensor (the caller's contract); the shared memory is what the kernel carves.
+        // tensor (the caller's contract), the chunk table `first + count` entries at least;
+        // the shared memory is what the kernel carves.
         unsafe {
-            stream.launch_builder(&f).arg(&ip).launch(grid(
-                chunks * hv,
+            stream.launch_builder(&intra_fn).arg(&ip).launch(grid(
+                count * hv,
                 THREADS,
                 shared,
                 tuning.max_blocks,
             ))
         }
-        .map_err(cuda_err("launching chunk_intra"))?;
+        .map(|_| ())
+        .map_err(cuda_err("launching chunk_intra"))
+    };
+    if chunks > 0 && only != "recurrent" && pipe.is_none() {
+        launch_intra(0, chunks)?;
     }
     let rp = RecParams {
         q: io.q,
@@ -1336,6 +1374,20 @@ pub(crate) fn forward_with_tables(
         }
     };
     let (seqs, tiles) = (p.num_seqs(), |c: &Config| p.dv() / c.vt);
+    if let Some(groups) = pipe {
+        let side = dev.side_stream();
+        for g in &groups {
+            launch_intra(g.first_chunk, g.chunks)?;
+            side.fork_from(stream)?;
+            let rp = RecParams {
+                seq_order: t.seq_order + 8 * g.first as u64,
+                seqs: g.seqs as i64,
+                ..rp
+            };
+            launch(&cfg, &rp, g.seqs * hv * tiles(&cfg), true, true)?;
+        }
+        return side.join_into(stream);
+    }
     match seg {
         None => launch(&cfg, &rp, seqs * hv * tiles(&cfg), true, false),
         Some((seg_cfg, segments, min_seg)) => {
@@ -1368,6 +1420,52 @@ pub(crate) fn forward_with_tables(
             side.join_into(stream)
         }
     }
+}
+
+/// One group of the pipelined forward ([`pipeline_groups`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Group {
+    /// Its first entry in the recurrent kernel's sequence order (`TablePtrs::seq_order`).
+    pub first: usize,
+    /// Its sequences (consecutive in that order and in the problem's).
+    pub seqs: usize,
+    /// Its first chunk in the chunk table.
+    pub first_chunk: usize,
+    /// Its chunks (consecutive in the chunk table).
+    pub chunks: usize,
+}
+
+/// The pipelined forward's groups: `g` runs of the recurrent kernel's sequence order (longest
+/// first, ties in order, as `upload_tables` makes it) with about equal chunk counts, each also a
+/// run of consecutive sequences (so its chunks are a run of the chunk table, which chunk_intra
+/// takes); `None` where the order does not allow that (sequences of several lengths out of
+/// order) or fewer than two groups would hold chunks.
+pub(crate) fn pipeline_groups(p: &Problem, g: usize) -> Option<Vec<Group>> {
+    let n = p.num_seqs();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&s| std::cmp::Reverse(p.seq_chunks(s).len()));
+    let total: usize = (0..n).map(|s| p.seq_chunks(s).len()).sum();
+    let mut groups = Vec::new();
+    let (mut start, mut acc) = (0, 0);
+    for (i, &s) in order.iter().enumerate() {
+        acc += p.seq_chunks(s).len();
+        let cut = (groups.len() + 1) * total;
+        if acc * g >= cut || i + 1 == n {
+            let run = &order[start..=i];
+            if run.windows(2).any(|w| w[1] != w[0] + 1) {
+                return None;
+            }
+            let chunks = p.seq_chunks(run[0]).start..p.seq_chunks(run[run.len() - 1]).end;
+            groups.push(Group {
+                first: start,
+                seqs: run.len(),
+                first_chunk: chunks.start,
+                chunks: chunks.len(),
+            });
+            start = i + 1;
+        }
+    }
+    (groups.iter().filter(|g| g.chunks > 0).count() >= 2).then_some(groups)
 }
 
 /// [`forward`] on f32 device buffers (the [`crate::Backend`] path), allocating the outputs and
@@ -1677,4 +1775,49 @@ pub(crate) fn forward_host(
     let io = native_io(dev, dtype, &inputs, &o, &final_state, h.as_ref(), &ws);
     forward(dev, p, opts, &io)?;
     Ok(ForwardOut { o, h, final_state })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Dims, Options};
+
+    /// The pipelined forward's groups cover every sequence once, in the recurrent kernel's
+    /// order, each a run of the chunk table; none where lengths are out of order.
+    #[test]
+    fn pipeline_groups_cover_the_sequences_as_runs_of_the_chunk_table() {
+        let opts = Options::default();
+        // B = 8 equal sequences of 8192 tokens: two groups of four, four of two.
+        let p = Problem::new(Dims::from([8, 8192, 2, 4, 16, 16]), None, &opts).unwrap();
+        for g in [2, 4, 8] {
+            let groups = pipeline_groups(&p, g).unwrap();
+            assert_eq!(groups.len(), g);
+            let (mut seq, mut chunk) = (0, 0);
+            for gr in &groups {
+                assert_eq!((gr.first, gr.first_chunk), (seq, chunk));
+                assert_eq!(gr.seqs, 8 / g);
+                assert_eq!(gr.chunks, 128 * 8 / g);
+                seq += gr.seqs;
+                chunk += gr.chunks;
+            }
+            assert_eq!((seq, chunk), (8, p.chunks().len()));
+        }
+        // Varlen with lengths decreasing (the order is the problem's): groups; with an empty
+        // sequence last, it joins the last group.
+        let cu = [0i64, 700, 1300, 1800, 2100, 2100];
+        let p = Problem::new(Dims::from([1, 2100, 2, 4, 16, 16]), Some(&cu), &opts).unwrap();
+        let groups = pipeline_groups(&p, 2).unwrap();
+        assert_eq!(groups.iter().map(|g| g.seqs).sum::<usize>(), 5);
+        assert_eq!(
+            groups.iter().map(|g| g.chunks).sum::<usize>(),
+            p.chunks().len()
+        );
+        // Lengths out of order: the longest-first order is not the problem's.
+        let cu = [0i64, 100, 1300, 1400];
+        let p = Problem::new(Dims::from([1, 1400, 2, 4, 16, 16]), Some(&cu), &opts).unwrap();
+        assert_eq!(pipeline_groups(&p, 2), None);
+        // One sequence: no two groups with chunks.
+        let p = Problem::new(Dims::from([1, 4096, 2, 4, 16, 16]), None, &opts).unwrap();
+        assert_eq!(pipeline_groups(&p, 2), None);
+    }
 }
