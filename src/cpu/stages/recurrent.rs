@@ -624,6 +624,52 @@ unsafe fn v_tile_step_avx512(t: &mut VTile<'_>) {
     if t.k.len() != 128 {
         return v_tile_rows::<true>(t);
     }
+    // k and q in sixteen registers for the whole tile: lane l of register j holds element
+    // 16 j + l, the lane layout of `v_tile_rows`.
+    // SAFETY (every load and store below): k and q hold 128 values, and so does each row.
+    let kv: [__m512; 8] =
+        std::array::from_fn(|j| unsafe { _mm512_loadu_ps(t.k.as_ptr().add(16 * j)) });
+    let qv: [__m512; 8] =
+        std::array::from_fn(|j| unsafe { _mm512_loadu_ps(t.q.as_ptr().add(16 * j)) });
+    let dec = _mm512_set1_ps(t.decay);
+    let sums = |x: *const f32| {
+        let (mut a, mut b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for (j, (&kj, &qj)) in kv.iter().zip(&qv).enumerate() {
+            let xs = unsafe { _mm512_loadu_ps(x.add(16 * j)) };
+            a = _mm512_fmadd_ps(kj, xs, a);
+            b = _mm512_fmadd_ps(qj, xs, b);
+        }
+        let lanes = |r: __m512| {
+            let lo = _mm512_castps512_ps256(r);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r), 1));
+            unsafe { lane_sum8(_mm256_add_ps(lo, hi)) }
+        };
+        (lanes(a), lanes(b))
+    };
+    let update = |x: *const f32, out: *mut f32, u: f32| {
+        let uv = _mm512_set1_ps(u);
+        for (j, &kj) in kv.iter().enumerate() {
+            unsafe {
+                let y = _mm512_loadu_ps(x.add(16 * j));
+                _mm512_storeu_ps(
+                    out.add(16 * j),
+                    _mm512_fmadd_ps(kj, uv, _mm512_mul_ps(dec, y)),
+                );
+            }
+        }
+    };
+    v_tile_loop(t, sums, update)
+}
+
+/// The row loop of the V-major forms: per row, `sums(x)` (its `S^T k` and `S^T q` from the
+/// row read at `x`), then `u` and `o`, then `update(x, out, u)` (the row written at `out`: the
+/// same row, or the source's row where there is a source), fetching the next rows meanwhile.
+#[inline(always)]
+fn v_tile_loop(
+    t: &mut VTile<'_>,
+    sums: impl Fn(*const f32) -> (f32, f32),
+    update: impl Fn(*const f32, *mut f32, f32),
+) {
     let VTile {
         rows,
         src,
@@ -636,52 +682,23 @@ unsafe fn v_tile_step_avx512(t: &mut VTile<'_>) {
         o,
         next,
     } = t;
-    let (kdim, w) = (128, v.len());
-    let (decay, beta, scale) = (*decay, *beta, *scale);
+    let (kdim, w) = (k.len(), v.len());
     let kq = dot_fma::<true>(k, q);
-    // k and q in sixteen registers for the whole tile: lane l of register j holds element
-    // 16 j + l, the lane layout of `v_tile_rows`.
-    // SAFETY (the loads below): k and q hold 128 values, each row of `rows` and `src` 128.
-    let kv: [__m512; 8] =
-        std::array::from_fn(|j| unsafe { _mm512_loadu_ps(k.as_ptr().add(16 * j)) });
-    let qv: [__m512; 8] =
-        std::array::from_fn(|j| unsafe { _mm512_loadu_ps(q.as_ptr().add(16 * j)) });
-    let dec = _mm512_set1_ps(decay);
     for i in 0..w {
         if let Some(p) = next {
             prefetch_row(p.wrapping_add(i * kdim), kdim);
         }
-        // The row written, and the row read (the source's, else the same row).
+        // The row written, and the row read (the source's, else the same row, read before it
+        // is written).
         let out = rows[i * kdim..][..kdim].as_mut_ptr();
         let x: *const f32 = match src {
             Some(s) => s[i * kdim..][..kdim].as_ptr(),
             None => out,
         };
-        let (mut a, mut b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        for (j, (&kj, &qj)) in kv.iter().zip(&qv).enumerate() {
-            // SAFETY: as above.
-            let xs = unsafe { _mm512_loadu_ps(x.add(16 * j)) };
-            a = _mm512_fmadd_ps(kj, xs, a);
-            b = _mm512_fmadd_ps(qj, xs, b);
-        }
-        let lanes = |r: __m512| {
-            let lo = _mm512_castps512_ps256(r);
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r), 1));
-            lane_sum8(_mm256_add_ps(lo, hi))
-        };
-        let (u, oc) = u_and_o::<true>(lanes(a), lanes(b), v[i], decay, beta, scale, kq);
+        let (a, b) = sums(x);
+        let (u, oc) = u_and_o::<true>(a, b, v[i], *decay, *beta, *scale, kq);
         o[i] = oc;
-        let uv = _mm512_set1_ps(u);
-        for (j, &kj) in kv.iter().enumerate() {
-            // SAFETY: as above; `x` is the source row or this same row, read before written.
-            unsafe {
-                let y = _mm512_loadu_ps(x.add(16 * j));
-                _mm512_storeu_ps(
-                    out.add(16 * j),
-                    _mm512_fmadd_ps(kj, uv, _mm512_mul_ps(dec, y)),
-                );
-            }
-        }
+        update(x, out, u);
     }
 }
 
@@ -712,38 +729,15 @@ unsafe fn v_tile_step_avx2(t: &mut VTile<'_>) {
     if kdim % LANES != 0 {
         return v_tile_rows::<true>(t);
     }
-    let VTile {
-        rows,
-        src,
-        k,
-        q,
-        v,
-        decay,
-        beta,
-        scale,
-        o,
-        next,
-    } = t;
-    let w = v.len();
-    let (decay, beta, scale) = (*decay, *beta, *scale);
-    let kq = dot_fma::<true>(k, q);
-    let dec = _mm256_set1_ps(decay);
-    let (kp, qp) = (k.as_ptr(), q.as_ptr());
-    for i in 0..w {
-        if let Some(p) = next {
-            prefetch_row(p.wrapping_add(i * kdim), kdim);
-        }
-        // The row written, and the row read (the source's, else the same row).
-        let out = rows[i * kdim..][..kdim].as_mut_ptr();
-        let x: *const f32 = match src {
-            Some(s) => s[i * kdim..][..kdim].as_ptr(),
-            None => out,
-        };
+    let dec = _mm256_set1_ps(t.decay);
+    let (kp, qp) = (t.k.as_ptr(), t.q.as_ptr());
+    // SAFETY (every load and store below): k, q and each row hold kdim values, a multiple
+    // of 16.
+    let sums = |x: *const f32| {
         // Lanes 0..8 and 8..16 of `v_tile_rows`'s sixteen, in two registers each.
         let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let (mut b0, mut b1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for j in (0..kdim).step_by(LANES) {
-            // SAFETY: k, q and the row hold kdim values, a multiple of 16.
             unsafe {
                 let (x0, x1) = (_mm256_loadu_ps(x.add(j)), _mm256_loadu_ps(x.add(j + 8)));
                 a0 = _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(j)), x0, a0);
@@ -752,22 +746,24 @@ unsafe fn v_tile_step_avx2(t: &mut VTile<'_>) {
                 b1 = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j + 8)), x1, b1);
             }
         }
-        let (sa, sb) = (
-            lane_sum8(_mm256_add_ps(a0, a1)),
-            lane_sum8(_mm256_add_ps(b0, b1)),
-        );
-        let (u, oc) = u_and_o::<true>(sa, sb, v[i], decay, beta, scale, kq);
-        o[i] = oc;
+        unsafe {
+            (
+                lane_sum8(_mm256_add_ps(a0, a1)),
+                lane_sum8(_mm256_add_ps(b0, b1)),
+            )
+        }
+    };
+    let update = |x: *const f32, out: *mut f32, u: f32| {
         let uv = _mm256_set1_ps(u);
         for j in (0..kdim).step_by(8) {
-            // SAFETY: as above; `x` is the source row or this same row, read before written.
             unsafe {
                 let y = _mm256_loadu_ps(x.add(j));
                 let r = _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(j)), uv, _mm256_mul_ps(dec, y));
                 _mm256_storeu_ps(out.add(j), r);
             }
         }
-    }
+    };
+    v_tile_loop(t, sums, update)
 }
 
 /// Lanes of [`v_tile_step`]'s partial sums.
