@@ -658,14 +658,14 @@ unsafe fn v_tile_step_avx512(t: &mut VTile<'_>) {
             }
         }
     };
-    v_tile_loop(t, sums, update)
+    v_tile_loop::<true>(t, sums, update)
 }
 
 /// The row loop of the V-major forms: per row, `sums(x)` (its `S^T k` and `S^T q` from the
 /// row read at `x`), then `u` and `o`, then `update(x, out, u)` (the row written at `out`: the
 /// same row, or the source's row where there is a source), fetching the next rows meanwhile.
 #[inline(always)]
-fn v_tile_loop(
+fn v_tile_loop<const FMA: bool>(
     t: &mut VTile<'_>,
     sums: impl Fn(*const f32) -> (f32, f32),
     update: impl Fn(*const f32, *mut f32, f32),
@@ -683,7 +683,7 @@ fn v_tile_loop(
         next,
     } = t;
     let (kdim, w) = (k.len(), v.len());
-    let kq = dot_fma::<true>(k, q);
+    let kq = dot_fma::<FMA>(k, q);
     for i in 0..w {
         if let Some(p) = next {
             prefetch_row(p.wrapping_add(i * kdim), kdim);
@@ -696,7 +696,7 @@ fn v_tile_loop(
             None => out,
         };
         let (a, b) = sums(x);
-        let (u, oc) = u_and_o::<true>(a, b, v[i], *decay, *beta, *scale, kq);
+        let (u, oc) = u_and_o::<FMA>(a, b, v[i], *decay, *beta, *scale, kq);
         o[i] = oc;
         update(x, out, u);
     }
@@ -763,7 +763,7 @@ unsafe fn v_tile_step_avx2(t: &mut VTile<'_>) {
             }
         }
     };
-    v_tile_loop(t, sums, update)
+    v_tile_loop::<true>(t, sums, update)
 }
 
 /// Lanes of [`v_tile_step`]'s partial sums.
@@ -771,64 +771,37 @@ const LANES: usize = 16;
 
 #[inline(always)]
 fn v_tile_rows<const FMA: bool>(t: &mut VTile<'_>) {
-    let VTile {
-        rows,
-        src,
-        k,
-        q,
-        v,
-        decay,
-        beta,
-        scale,
-        o,
-        next,
-    } = t;
-    let (kdim, w) = (k.len(), v.len());
-    let (decay, beta, scale) = (*decay, *beta, *scale);
-    let kq = dot_fma::<FMA>(k, q);
+    let (k, q, decay) = (t.k, t.q, t.decay);
+    let kdim = k.len();
     let whole = kdim / LANES * LANES;
-    for i in 0..w {
-        if let Some(p) = next {
-            prefetch_row(p.wrapping_add(i * kdim), kdim);
-        }
-        let (a, b) = {
-            let x: &[f32] = match src {
-                Some(s) => &s[i * kdim..][..kdim],
-                None => &rows[i * kdim..][..kdim],
-            };
-            let (mut a, mut b) = ([0f32; LANES], [0f32; LANES]);
-            for ((xs, ks), qs) in x[..whole]
-                .chunks_exact(LANES)
-                .zip(k[..whole].chunks_exact(LANES))
-                .zip(q[..whole].chunks_exact(LANES))
-            {
-                for l in 0..LANES {
-                    a[l] = madd::<FMA>(ks[l], xs[l], a[l]);
-                    b[l] = madd::<FMA>(qs[l], xs[l], b[l]);
-                }
-            }
-            for (l, r) in (whole..kdim).enumerate() {
-                a[l] = madd::<FMA>(k[r], x[r], a[l]);
-                b[l] = madd::<FMA>(q[r], x[r], b[l]);
-            }
-            (lane_sum(&a), lane_sum(&b))
-        };
-        let (u, oc) = u_and_o::<FMA>(a, b, v[i], decay, beta, scale, kq);
-        o[i] = oc;
-        let out = &mut rows[i * kdim..][..kdim];
-        match src {
-            Some(s) => {
-                for ((y, &x), &kr) in out.iter_mut().zip(&s[i * kdim..][..kdim]).zip(k.iter()) {
-                    *y = madd::<FMA>(kr, u, decay * x);
-                }
-            }
-            None => {
-                for (y, &kr) in out.iter_mut().zip(k.iter()) {
-                    *y = madd::<FMA>(kr, u, decay * *y);
-                }
+    let sums = |x: *const f32| {
+        // SAFETY: `x` is a row of kdim values, not written while this reads it.
+        let x = unsafe { std::slice::from_raw_parts(x, kdim) };
+        let (mut a, mut b) = ([0f32; LANES], [0f32; LANES]);
+        for ((xs, ks), qs) in x[..whole]
+            .chunks_exact(LANES)
+            .zip(k[..whole].chunks_exact(LANES))
+            .zip(q[..whole].chunks_exact(LANES))
+        {
+            for l in 0..LANES {
+                a[l] = madd::<FMA>(ks[l], xs[l], a[l]);
+                b[l] = madd::<FMA>(qs[l], xs[l], b[l]);
             }
         }
-    }
+        for (l, r) in (whole..kdim).enumerate() {
+            a[l] = madd::<FMA>(k[r], x[r], a[l]);
+            b[l] = madd::<FMA>(q[r], x[r], b[l]);
+        }
+        (lane_sum(&a), lane_sum(&b))
+    };
+    let update = |x: *const f32, out: *mut f32, u: f32| {
+        for (r, &kr) in k.iter().enumerate() {
+            // SAFETY: both rows hold kdim values; each element is read before it is written
+            // (`x` may be `out`), through the pointers alone.
+            unsafe { *out.add(r) = madd::<FMA>(kr, u, decay * *x.add(r)) };
+        }
+    };
+    v_tile_loop::<FMA>(t, sums, update)
 }
 
 /// The sixteen partial sums of [`v_tile_step`] added in a fixed tree: lane l with lane l + 8,
