@@ -972,22 +972,31 @@ mod tests {
 
     /// The row-major step gives the bits of the column blocks (each column's sums over the rows
     /// in order), for any width and row count, in place and from a separate source.
+    /// A random step's operands: a state of `kdim x w` values, a source of as many, k, q (kdim
+    /// each) and v (w), in [-0.5, 0.5), from a fixed generator.
+    #[allow(clippy::type_complexity)]
+    fn random_case(
+        seed: &mut u32,
+        kdim: usize,
+        w: usize,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let mut rnd = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    *seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (*seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+                })
+                .collect()
+        };
+        (rnd(kdim * w), rnd(kdim * w), rnd(kdim), rnd(kdim), rnd(w))
+    }
+
     #[test]
     fn rows_step_gives_the_bits_of_the_column_blocks() {
         let mut seed = 7u32;
-        let mut rnd = move || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        };
         for (kdim, w) in [(128, 128), (7, 40), (13, 3), (4, 16), (1, 1), (130, 96)] {
             for from_src in [false, true] {
-                let state0: Vec<f32> = (0..kdim * w).map(|_| rnd()).collect();
-                let src: Vec<f32> = (0..kdim * w).map(|_| rnd()).collect();
-                let (k, q, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
-                    (0..kdim).map(|_| rnd()).collect(),
-                    (0..kdim).map(|_| rnd()).collect(),
-                    (0..w).map(|_| rnd()).collect(),
-                );
+                let (state0, src, k, q, v) = random_case(&mut seed, kdim, w);
                 let run = |rows_major: bool| {
                     let mut state = state0.clone();
                     let (mut u, mut o) = (vec![0f32; w], vec![0f32; w]);
@@ -1025,10 +1034,6 @@ mod tests {
     #[test]
     fn v_tile_forms_give_the_bits_of_the_portable_lanes() {
         let mut seed = 11u32;
-        let mut rnd = move || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        };
         #[allow(clippy::type_complexity)]
         let mut forms: Vec<(&str, unsafe fn(&mut VTile<'_>))> = Vec::new();
         #[cfg(all(target_arch = "x86_64", deltanet_avx512))]
@@ -1041,13 +1046,7 @@ mod tests {
         }
         for (kdim, w) in [(128, 64), (128, 1), (64, 5), (48, 17), (20, 3), (1, 2)] {
             for from_src in [false, true] {
-                let rows0: Vec<f32> = (0..kdim * w).map(|_| rnd()).collect();
-                let src: Vec<f32> = (0..kdim * w).map(|_| rnd()).collect();
-                let (k, q, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
-                    (0..kdim).map(|_| rnd()).collect(),
-                    (0..kdim).map(|_| rnd()).collect(),
-                    (0..w).map(|_| rnd()).collect(),
-                );
+                let (rows0, src, k, q, v) = random_case(&mut seed, kdim, w);
                 let run = |form: Option<unsafe fn(&mut VTile<'_>)>| {
                     let mut rows = rows0.clone();
                     let mut o = vec![0f32; w];
