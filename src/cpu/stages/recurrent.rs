@@ -771,37 +771,64 @@ const LANES: usize = 16;
 
 #[inline(always)]
 fn v_tile_rows<const FMA: bool>(t: &mut VTile<'_>) {
-    let (k, q, decay) = (t.k, t.q, t.decay);
-    let kdim = k.len();
+    let VTile {
+        rows,
+        src,
+        k,
+        q,
+        v,
+        decay,
+        beta,
+        scale,
+        o,
+        next,
+    } = t;
+    let (kdim, w) = (k.len(), v.len());
+    let (decay, beta, scale) = (*decay, *beta, *scale);
+    let kq = dot_fma::<FMA>(k, q);
     let whole = kdim / LANES * LANES;
-    let sums = |x: *const f32| {
-        // SAFETY: `x` is a row of kdim values, not written while this reads it.
-        let x = unsafe { std::slice::from_raw_parts(x, kdim) };
-        let (mut a, mut b) = ([0f32; LANES], [0f32; LANES]);
-        for ((xs, ks), qs) in x[..whole]
-            .chunks_exact(LANES)
-            .zip(k[..whole].chunks_exact(LANES))
-            .zip(q[..whole].chunks_exact(LANES))
-        {
-            for l in 0..LANES {
-                a[l] = madd::<FMA>(ks[l], xs[l], a[l]);
-                b[l] = madd::<FMA>(qs[l], xs[l], b[l]);
+    for i in 0..w {
+        if let Some(p) = next {
+            prefetch_row(p.wrapping_add(i * kdim), kdim);
+        }
+        let (a, b) = {
+            let x: &[f32] = match src {
+                Some(s) => &s[i * kdim..][..kdim],
+                None => &rows[i * kdim..][..kdim],
+            };
+            let (mut a, mut b) = ([0f32; LANES], [0f32; LANES]);
+            for ((xs, ks), qs) in x[..whole]
+                .chunks_exact(LANES)
+                .zip(k[..whole].chunks_exact(LANES))
+                .zip(q[..whole].chunks_exact(LANES))
+            {
+                for l in 0..LANES {
+                    a[l] = madd::<FMA>(ks[l], xs[l], a[l]);
+                    b[l] = madd::<FMA>(qs[l], xs[l], b[l]);
+                }
+            }
+            for (l, r) in (whole..kdim).enumerate() {
+                a[l] = madd::<FMA>(k[r], x[r], a[l]);
+                b[l] = madd::<FMA>(q[r], x[r], b[l]);
+            }
+            (lane_sum(&a), lane_sum(&b))
+        };
+        let (u, oc) = u_and_o::<FMA>(a, b, v[i], decay, beta, scale, kq);
+        o[i] = oc;
+        let out = &mut rows[i * kdim..][..kdim];
+        match src {
+            Some(s) => {
+                for ((y, &x), &kr) in out.iter_mut().zip(&s[i * kdim..][..kdim]).zip(k.iter()) {
+                    *y = madd::<FMA>(kr, u, decay * x);
+                }
+            }
+            None => {
+                for (y, &kr) in out.iter_mut().zip(k.iter()) {
+                    *y = madd::<FMA>(kr, u, decay * *y);
+                }
             }
         }
-        for (l, r) in (whole..kdim).enumerate() {
-            a[l] = madd::<FMA>(k[r], x[r], a[l]);
-            b[l] = madd::<FMA>(q[r], x[r], b[l]);
-        }
-        (lane_sum(&a), lane_sum(&b))
-    };
-    let update = |x: *const f32, out: *mut f32, u: f32| {
-        for (r, &kr) in k.iter().enumerate() {
-            // SAFETY: both rows hold kdim values; each element is read before it is written
-            // (`x` may be `out`), through the pointers alone.
-            unsafe { *out.add(r) = madd::<FMA>(kr, u, decay * *x.add(r)) };
-        }
-    };
-    v_tile_loop::<FMA>(t, sums, update)
+    }
 }
 
 /// The sixteen partial sums of [`v_tile_step`] added in a fixed tree: lane l with lane l + 8,
