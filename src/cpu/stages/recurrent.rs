@@ -658,14 +658,14 @@ unsafe fn v_tile_step_avx512(t: &mut VTile<'_>) {
             }
         }
     };
-    v_tile_loop::<true>(t, sums, update)
+    v_tile_loop(t, sums, update)
 }
 
 /// The row loop of the V-major forms: per row, `sums(x)` (its `S^T k` and `S^T q` from the
 /// row read at `x`), then `u` and `o`, then `update(x, out, u)` (the row written at `out`: the
 /// same row, or the source's row where there is a source), fetching the next rows meanwhile.
 #[inline(always)]
-fn v_tile_loop<const FMA: bool>(
+fn v_tile_loop(
     t: &mut VTile<'_>,
     sums: impl Fn(*const f32) -> (f32, f32),
     update: impl Fn(*const f32, *mut f32, f32),
@@ -683,7 +683,7 @@ fn v_tile_loop<const FMA: bool>(
         next,
     } = t;
     let (kdim, w) = (k.len(), v.len());
-    let kq = dot_fma::<FMA>(k, q);
+    let kq = dot_fma::<true>(k, q);
     for i in 0..w {
         if let Some(p) = next {
             prefetch_row(p.wrapping_add(i * kdim), kdim);
@@ -696,7 +696,7 @@ fn v_tile_loop<const FMA: bool>(
             None => out,
         };
         let (a, b) = sums(x);
-        let (u, oc) = u_and_o::<FMA>(a, b, v[i], *decay, *beta, *scale, kq);
+        let (u, oc) = u_and_o::<true>(a, b, v[i], *decay, *beta, *scale, kq);
         o[i] = oc;
         update(x, out, u);
     }
@@ -763,7 +763,7 @@ unsafe fn v_tile_step_avx2(t: &mut VTile<'_>) {
             }
         }
     };
-    v_tile_loop::<true>(t, sums, update)
+    v_tile_loop(t, sums, update)
 }
 
 /// Lanes of [`v_tile_step`]'s partial sums.
